@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Pack TensorRT-LLM engines (or a CPU stand-in) + tokenizer + a filled Triton model repository
+into the BentoML model store.
+
+Examples:
+  python pack_model.py --engine-dir ./engines/llama3-8b --tokenizer-dir ./Meta-Llama-3-8B-Instruct
+  python pack_model.py --demo                       # tiny local Llama on the CPU engine
+  python pack_model.py --hf-model ./my-checkpoint   # any local HF causal LM on the CPU engine
+  python pack_model.py --synthetic --itl-ms 20      # deterministic tokens, for load tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tensorrtllm_backend.engine import runtime_version_for_image
+from tensorrtllm_backend.packing import PackError, PackPlan, plan, staging_dir, store
+
+DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
+
+
+def _parse_fill(items: list[str]) -> dict[str, str]:
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PackError(f"--fill expects KEY=VALUE (a template placeholder), got {item!r}")
+        options[key.strip()] = value
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--engine-dir", type=Path, help="trtllm-build output (config.json, rank*.engine)"
+    )
+    source.add_argument(
+        "--hf-model", type=Path, help="local Hugging Face checkpoint for the CPU engine"
+    )
+    source.add_argument("--demo", action="store_true", help="generate and pack the tiny demo model")
+    source.add_argument("--synthetic", action="store_true", help="synthetic CPU engine (no torch)")
+
+    parser.add_argument(
+        "--tokenizer-dir", type=Path, help="tokenizer (default: the checkpoint's own)"
+    )
+    parser.add_argument("--name", help="model name in the store (default: by source)")
+    parser.add_argument("--tag", help="model version (default: generated)")
+    parser.add_argument("--dry-run", action="store_true", help="validate and show, store nothing")
+    parser.add_argument(
+        "--route",
+        choices=["direct", "ensemble", "bls"],
+        default="direct",
+        help="default way through Triton for the service (default: direct)",
+    )
+    parser.add_argument(
+        "--target-image",
+        default=os.environ.get("TRTLLM_BASE_IMAGE", ""),
+        help="tritonserver image the Bento will run on; checks the engine's "
+        "TensorRT-LLM version against it",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    cpu = parser.add_argument_group("CPU engine (--hf-model, --demo, --synthetic)")
+    cpu.add_argument("--ttft-ms", type=float, default=0.0, help="synthetic: first-token delay")
+    cpu.add_argument("--itl-ms", type=float, default=0.0, help="synthetic: inter-token latency")
+    cpu.add_argument("--max-batch-size", type=int, default=64)
+    cpu.add_argument("--max-input-len", type=int, default=1024)
+    cpu.add_argument("--max-seq-len", type=int, default=2048)
+
+    fill = parser.add_argument_group("Triton template options (NVIDIA placeholder names)")
+    fill.add_argument("--triton-max-batch-size", type=int, help="default: engine max_batch_size")
+    fill.add_argument("--batching-strategy", choices=["inflight_fused_batching", "V1"])
+    fill.add_argument("--kv-cache-free-gpu-mem-fraction", type=float)
+    fill.add_argument("--max-tokens-in-paged-kv-cache", type=int)
+    fill.add_argument("--max-attention-window-size", type=int)
+    fill.add_argument("--enable-kv-cache-reuse", choices=["true", "false"])
+    fill.add_argument("--enable-chunked-context", choices=["true", "false"])
+    fill.add_argument("--max-queue-delay-microseconds", type=int)
+    fill.add_argument("--max-queue-size", type=int)
+    fill.add_argument("--preprocessing-instance-count", type=int)
+    fill.add_argument("--postprocessing-instance-count", type=int)
+    fill.add_argument("--bls-instance-count", type=int)
+    fill.add_argument("--decoupled-mode", choices=["true", "false"])
+    fill.add_argument("--exclude-input-in-output", choices=["true", "false"])
+    fill.add_argument("--max-beam-width", type=int, help="default: engine max_beam_width")
+    fill.add_argument("--accumulate-tokens", choices=["true", "false"])
+    fill.add_argument(
+        "--fill",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other template placeholder, e.g. --fill gpu_device_ids=0,1",
+    )
+    return parser
+
+
+_FILL_FLAGS = (
+    "triton_max_batch_size", "batching_strategy", "kv_cache_free_gpu_mem_fraction",
+    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "enable_kv_cache_reuse",
+    "enable_chunked_context", "max_queue_delay_microseconds", "max_queue_size",
+    "preprocessing_instance_count", "postprocessing_instance_count", "bls_instance_count",
+    "decoupled_mode", "exclude_input_in_output", "max_beam_width", "accumulate_tokens",
+)  # fmt: skip
+
+
+def _options(args: argparse.Namespace) -> dict[str, str]:
+    options = {
+        key: str(getattr(args, key)) for key in _FILL_FLAGS if getattr(args, key) is not None
+    }
+    options.update(_parse_fill(args.fill))
+    return options
+
+
+def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, str]:
+    """Build the CPU engine dir for --demo/--hf-model/--synthetic: (engine dir, tokenizer, source)."""
+    from tensorrtllm_backend.cpu_engine.config import write_engine_dir
+    from tensorrtllm_backend.tokenization import load_tokenizer
+
+    limits = {
+        "max_batch_size": args.max_batch_size,
+        "max_input_len": args.max_input_len,
+        "max_seq_len": args.max_seq_len,
+    }
+    if args.max_seq_len <= args.max_input_len:
+        raise PackError("--max-seq-len must be larger than --max-input-len")
+    if args.demo:
+        from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
+
+        checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint")
+        source = "demo"
+    elif args.hf_model is not None:
+        checkpoint = args.hf_model
+        if not checkpoint.is_dir():
+            raise PackError(f"--hf-model {checkpoint} is not a directory")
+        if not (checkpoint / "config.json").is_file():
+            raise PackError(f"--hf-model {checkpoint} has no config.json: not a HF checkpoint")
+        source = "hf"
+    else:
+        checkpoint = None
+        source = "synthetic"
+    tokenizer_dir = args.tokenizer_dir or checkpoint
+    if tokenizer_dir is None:
+        # The synthetic engine emits ids only; the demo tokenizer turns them into text.
+        from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
+
+        tokenizer_dir = build_demo_checkpoint(scratch / "demo-checkpoint")
+    if not Path(tokenizer_dir).is_dir():
+        raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as error:
+        raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
+    engine_dir = scratch / "engine"
+    if checkpoint is not None:
+        config = json.loads((checkpoint / "config.json").read_text())
+        write_engine_dir(
+            engine_dir, mode="hf", checkpoint_dir=checkpoint,
+            vocab_size=int(config.get("vocab_size") or len(tokenizer)),
+            eos_token_id=int(tokenizer.eos_token_id),
+            architecture=(config.get("architectures") or ["CausalLM"])[0], **limits,
+        )  # fmt: skip
+    else:
+        write_engine_dir(
+            engine_dir, mode="synthetic", vocab_size=len(tokenizer),
+            eos_token_id=int(tokenizer.eos_token_id), ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            **limits,
+        )  # fmt: skip
+    return engine_dir, Path(tokenizer_dir), source
+
+
+def describe(pack: PackPlan) -> str:
+    engine = pack.engine
+    lines = [
+        f"model:        {pack.name}",
+        f"engine:       {engine.kind} ({engine.cpu_mode or engine.version or 'unknown version'}), "
+        f"{engine.architecture}, {engine.dtype}, tp={engine.tp_size} pp={engine.pp_size}",
+        f"limits:       max_batch_size={engine.max_batch_size} max_input_len={engine.max_input_len}"
+        f" max_seq_len={engine.max_seq_len} max_beam_width={engine.max_beam_width}",
+        f"route:        {pack.route}",
+        f"files:        {len(pack.files())} ({pack.total_bytes() / 1e6:.1f} MB) from "
+        f"{pack.engine_dir} and {pack.tokenizer_dir}",
+        "fill options: " + ", ".join(f"{k}={v}" for k, v in sorted(pack.options.items())),
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> str | None:
+    options = _options(args)
+    runtime = runtime_version_for_image(args.target_image) if args.target_image else None
+    with staging_dir("pack-model-") as scratch:
+        if args.engine_dir is not None:
+            if args.tokenizer_dir is None:
+                raise PackError("--engine-dir needs --tokenizer-dir (the model's HF tokenizer)")
+            engine_dir, tokenizer_dir, source = args.engine_dir, args.tokenizer_dir, "engine"
+        else:
+            engine_dir, tokenizer_dir, source = _cpu_engine(args, scratch)
+        name = args.name or DEFAULT_NAMES.get(source) or _default_name(engine_dir, args)
+        pack = plan(
+            name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,
+            option_overrides=options, runtime_version=runtime, route=args.route,
+        )  # fmt: skip
+        print(describe(pack))
+        if args.dry_run:
+            print("dry run: nothing stored")
+            return None
+        tag = store(pack, version=args.tag, show_progress=not args.no_progress)
+    print(f"stored: {tag}")
+    return tag
+
+
+def _default_name(engine_dir: Path, args: argparse.Namespace) -> str:
+    base = (args.hf_model or engine_dir).resolve().name.lower()
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in base).strip("-._")
+    return f"trtllm-{cleaned or 'model'}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except PackError as error:
+        print(f"pack_model: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pack_model: interrupted, nothing stored", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

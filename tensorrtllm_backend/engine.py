@@ -1,0 +1,248 @@
+"""Inspect an engine directory: a compiled TensorRT-LLM engine or our CPU stand-in.
+
+Reads ``config.json`` in both TensorRT-LLM layouts (>= 0.9: ``pretrained_config`` +
+``build_config``; older: ``builder_config`` + ``plugin_config``) and the CPU engine's layout,
+checks that the per-rank engine files match ``world_size = tp * pp``, and summarizes what the
+service needs (limits for request validation) and what the model store should show (metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+EngineKind = Literal["tensorrt_llm", "cpu"]
+
+# Which TensorRT-LLM release the tensorrtllm backend in an NGC `<tag>-trtllm-python-py3` image
+# ships; engines only load in the release that built them.
+NGC_TRTLLM_VERSIONS: dict[str, str] = {
+    "24.03": "0.8.0",
+    "24.04": "0.9.0",
+    "24.05": "0.10.0",
+    "24.06": "0.10.0",
+    "24.07": "0.11.0",
+    "24.08": "0.12.0",
+    "24.09": "0.13.0",
+    "24.10": "0.14.0",
+    "24.11": "0.15.0",
+    "24.12": "0.16.0",
+    "25.01": "0.17.0",
+    "25.02": "0.17.0",
+    "25.03": "0.18.0",
+}
+
+
+class EngineError(ValueError):
+    """The engine directory cannot be served; the message says what to fix."""
+
+
+class EngineInfo(BaseModel):
+    """What an engine directory holds, as far as serving it is concerned."""
+
+    kind: EngineKind
+    path: Path
+    version: str | None = Field(None, description="TensorRT-LLM version that built the engine")
+    architecture: str | None = None
+    dtype: str | None = None
+    vocab_size: int | None = None
+    tp_size: int = 1
+    pp_size: int = 1
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_beam_width: int = 1
+    max_num_tokens: int | None = None
+    lora_enabled: bool = False
+    engine_files: list[str] = Field(default_factory=list)
+    cpu_mode: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def max_output_len(self) -> int:
+        return self.max_seq_len - 1
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat, JSON-friendly summary for the BentoML model's metadata."""
+        data = self.model_dump(mode="json", exclude={"path", "engine_files"})
+        data["world_size"] = self.world_size
+        data["engine_files"] = len(self.engine_files)
+        return {key: value for key, value in data.items() if value is not None}
+
+
+def _read_config(engine_dir: Path) -> dict[str, Any]:
+    if not engine_dir.exists():
+        raise EngineError(f"engine directory {engine_dir} does not exist")
+    if not engine_dir.is_dir():
+        raise EngineError(f"{engine_dir} is not a directory")
+    config_path = engine_dir / "config.json"
+    if not config_path.is_file():
+        raise EngineError(
+            f"{config_path} is missing: point --engine-dir at the output directory of trtllm-build"
+        )
+    try:
+        data = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise EngineError(f"cannot read {config_path}: {error}") from error
+    except json.JSONDecodeError as error:
+        raise EngineError(
+            f"{config_path} is not valid JSON (line {error.lineno}: {error.msg})"
+        ) from error
+    if not isinstance(data, dict):
+        raise EngineError(f"{config_path} must hold a JSON object")
+    return data
+
+
+def _int(section: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if value is None:
+            raise EngineError(f"config.json: {where}.{key} is missing")
+        raise EngineError(f"config.json: {where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+_RANK_FILE = re.compile(r"rank(\d+)\.engine$")
+
+
+def _check_rank_files(engine_dir: Path, world_size: int) -> list[str]:
+    files = sorted(p.name for p in engine_dir.glob("*.engine"))
+    if not files:
+        raise EngineError(
+            f"no *.engine files in {engine_dir}: build the engines with trtllm-build first"
+        )
+    ranks = {int(m.group(1)) for name in files if (m := _RANK_FILE.search(name))}
+    missing = sorted(set(range(world_size)) - ranks)
+    if missing:
+        raise EngineError(
+            f"{engine_dir} is missing engine files for rank(s) {missing}: world_size = tp_size x "
+            f"pp_size = {world_size} needs rank0..rank{world_size - 1}.engine, found {files}"
+        )
+    extra = sorted(ranks - set(range(world_size)))
+    if extra:
+        raise EngineError(
+            f"{engine_dir} has engine files for rank(s) {extra} beyond world_size {world_size} "
+            f"(tp_size x pp_size in config.json): the directory mixes builds"
+        )
+    return files
+
+
+def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
+    pretrained = data.get("pretrained_config") or {}
+    build = data.get("build_config") or {}
+    if not isinstance(pretrained, dict) or not isinstance(build, dict):
+        raise EngineError("config.json: pretrained_config and build_config must be objects")
+    mapping = pretrained.get("mapping") or {}
+    tp = _int(mapping, "tp_size", "pretrained_config.mapping", 1)
+    pp = _int(mapping, "pp_size", "pretrained_config.mapping", 1)
+    declared = mapping.get("world_size")
+    if declared is not None and declared != tp * pp:
+        raise EngineError(
+            f"config.json: mapping.world_size is {declared} but tp_size x pp_size = {tp * pp}"
+        )
+    max_input_len = _int(build, "max_input_len", "build_config")
+    max_seq_len = build.get("max_seq_len")
+    if max_seq_len is None and "max_output_len" in build:  # 0.9 wrote max_output_len
+        max_seq_len = max_input_len + _int(build, "max_output_len", "build_config")
+    cpu = data.get("cpu_engine")
+    kind: EngineKind = "cpu" if isinstance(cpu, dict) else "tensorrt_llm"
+    files = [] if kind == "cpu" else _check_rank_files(engine_dir, tp * pp)
+    plugins = build.get("plugin_config") or {}
+    lora_config = build.get("lora_config") or {}
+    return EngineInfo(
+        kind=kind,
+        path=engine_dir,
+        version=str(data["version"]) if "version" in data else None,
+        architecture=pretrained.get("architecture"),
+        dtype=pretrained.get("dtype"),
+        vocab_size=pretrained.get("vocab_size"),
+        tp_size=tp,
+        pp_size=pp,
+        max_batch_size=_int(build, "max_batch_size", "build_config"),
+        max_input_len=max_input_len,
+        max_seq_len=_int({"max_seq_len": max_seq_len}, "max_seq_len", "build_config"),
+        max_beam_width=_int(build, "max_beam_width", "build_config", 1),
+        max_num_tokens=build.get("max_num_tokens"),
+        lora_enabled=bool(plugins.get("lora_plugin")) or bool(lora_config.get("lora_dir")),
+        engine_files=files,
+        cpu_mode=cpu.get("mode") if isinstance(cpu, dict) else None,
+    )
+
+
+def _inspect_legacy(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
+    builder = data["builder_config"]
+    if not isinstance(builder, dict):
+        raise EngineError("config.json: builder_config must be an object")
+    tp = _int(builder, "tensor_parallel", "builder_config", 1)
+    pp = _int(builder, "pipeline_parallel", "builder_config", 1)
+    max_input_len = _int(builder, "max_input_len", "builder_config")
+    max_output_len = _int(builder, "max_output_len", "builder_config")
+    plugins = data.get("plugin_config") or {}
+    return EngineInfo(
+        kind="tensorrt_llm",
+        path=engine_dir,
+        version=builder.get("tensorrt_llm_version") or builder.get("version"),
+        architecture=builder.get("name"),
+        dtype=builder.get("precision"),
+        vocab_size=builder.get("vocab_size"),
+        tp_size=tp,
+        pp_size=pp,
+        max_batch_size=_int(builder, "max_batch_size", "builder_config"),
+        max_input_len=max_input_len,
+        max_seq_len=max_input_len + max_output_len,
+        max_beam_width=_int(builder, "max_beam_width", "builder_config", 1),
+        max_num_tokens=builder.get("max_num_tokens"),
+        lora_enabled=bool(plugins.get("lora_plugin")),
+        engine_files=_check_rank_files(engine_dir, tp * pp),
+    )
+
+
+def inspect_engine(engine_dir: Path | str) -> EngineInfo:
+    """Read and check an engine directory; raise EngineError naming what is wrong."""
+    engine_dir = Path(engine_dir)
+    data = _read_config(engine_dir)
+    if "builder_config" in data:
+        info = _inspect_legacy(engine_dir, data)
+    elif "build_config" in data or "pretrained_config" in data:
+        info = _inspect_modern(engine_dir, data)
+    else:
+        raise EngineError(
+            f"{engine_dir / 'config.json'} has neither build_config/pretrained_config "
+            "(TensorRT-LLM >= 0.9) nor builder_config (older): is this an engine directory?"
+        )
+    if info.max_seq_len <= info.max_input_len:
+        raise EngineError(
+            f"config.json: max_seq_len ({info.max_seq_len}) must exceed max_input_len "
+            f"({info.max_input_len}) to leave room for generated tokens"
+        )
+    return info
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_runtime_compatibility(info: EngineInfo, runtime_version: str | None) -> None:
+    """Engines load only in the TensorRT-LLM release that built them (same major.minor)."""
+    if info.kind != "tensorrt_llm" or not info.version or not runtime_version:
+        return
+    built, runtime = _major_minor(info.version), _major_minor(runtime_version)
+    if built and runtime and built != runtime:
+        raise EngineError(
+            f"the engine was built by TensorRT-LLM {info.version} but the serving image runs "
+            f"TensorRT-LLM {runtime_version}: rebuild the engine with {runtime_version} or pick the "
+            f"matching tritonserver <tag>-trtllm-python-py3 image"
+        )
+
+
+def runtime_version_for_image(image: str) -> str | None:
+    """The TensorRT-LLM release inside an NGC tritonserver trtllm image, when known."""
+    match = re.search(r"tritonserver:(\d{2}\.\d{2})-trtllm", image)
+    return NGC_TRTLLM_VERSIONS.get(match.group(1)) if match else None

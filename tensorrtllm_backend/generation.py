@@ -1,0 +1,226 @@
+"""The one request path every API shares: validate → Triton stream → text chunks → result.
+
+Native streaming, native JSON and the OpenAI adapters all call :meth:`Generator.prepare` and
+:meth:`Generator.stream`; a non-streaming answer is the stream collected by :meth:`collect`.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from .client import TritonLLMClient
+from .engine import EngineInfo
+from .schemas import FinishReason, GenerationChunk, GenerationResult, SamplingParams
+from .tokenization import IncrementalDetokenizer, StopStringMatcher, encode_word_lists
+from .translation import (
+    TokenIds,
+    direct_outputs,
+    direct_tensors,
+    new_token_ids,
+    response_log_probs,
+    response_text,
+    text_outputs,
+    text_tensors,
+)
+
+
+class Route(str, enum.Enum):
+    """Which way through Triton a request takes."""
+
+    DIRECT = "direct"  # service tokenizes; tensorrt_llm only
+    ENSEMBLE = "ensemble"  # preprocessing → tensorrt_llm → postprocessing
+    BLS = "bls"  # tensorrt_llm_bls python model
+
+
+ROUTE_MODELS = {
+    Route.DIRECT: "tensorrt_llm",
+    Route.ENSEMBLE: "ensemble",
+    Route.BLS: "tensorrt_llm_bls",
+}
+
+
+class RequestError(ValueError):
+    """The request cannot be served as sent; the message says what to change (HTTP 4xx)."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_input_len: int
+    max_seq_len: int
+    max_beam_width: int = 1
+
+    @classmethod
+    def from_engine(cls, info: EngineInfo) -> EngineLimits:
+        return cls(info.max_input_len, info.max_seq_len, info.max_beam_width)
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    request_id: str
+    prompt: str
+    params: SamplingParams
+    prompt_ids: list[int]
+
+
+def new_request_id() -> str:
+    """Unguessable ids: they name requests in logs and in Triton's cancellation."""
+    return secrets.token_hex(12)
+
+
+class Generator:
+    """Validates requests against the engine and streams them through Triton."""
+
+    def __init__(
+        self,
+        client: TritonLLMClient,
+        tokenizer: Any,
+        limits: EngineLimits,
+        route: Route = Route.DIRECT,
+    ) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.route = route
+        self.model_name = ROUTE_MODELS[route]
+        self._eos_id: int | None = tokenizer.eos_token_id
+        self._pad_id: int | None = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._eos_id
+        )
+
+    def prepare(
+        self, prompt: str, params: SamplingParams, request_id: str | None = None
+    ) -> PreparedRequest:
+        """Tokenize and check every engine limit before Triton sees the request."""
+        limits = self.limits
+        if params.beam_width > limits.max_beam_width:
+            raise RequestError(
+                f"beam_width {params.beam_width} exceeds this engine's max_beam_width "
+                f"{limits.max_beam_width} (set at trtllm-build time)",
+                param="beam_width",
+            )
+        prompt_ids = self.tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
+        if len(prompt_ids) > limits.max_input_len:
+            raise RequestError(
+                f"prompt is {len(prompt_ids)} tokens but this engine accepts at most "
+                f"{limits.max_input_len} (max_input_len): shorten the prompt",
+                param="prompt",
+            )
+        room = limits.max_seq_len - len(prompt_ids)
+        if params.max_tokens > room:
+            raise RequestError(
+                f"max_tokens {params.max_tokens} plus the prompt's {len(prompt_ids)} tokens exceeds "
+                f"this engine's max_seq_len {limits.max_seq_len}: ask for at most {room} tokens",
+                param="max_tokens",
+            )
+        if params.min_tokens is not None and params.min_tokens > params.max_tokens:
+            raise RequestError(
+                f"min_tokens {params.min_tokens} is larger than max_tokens {params.max_tokens}",
+                param="min_tokens",
+            )
+        if self.route is Route.DIRECT and params.end_id is None and self._eos_id is None:
+            raise RequestError("the tokenizer has no end token: pass end_id", param="end_id")
+        return PreparedRequest(request_id or new_request_id(), prompt, params, list(prompt_ids))
+
+    async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
+        """Text chunks as they become final; the last chunk carries the finish reason."""
+        params = request.params
+        stops = StopStringMatcher(params.stop)
+        if not params.exclude_input_in_output:
+            yield GenerationChunk(text=request.prompt)
+        generated = 0
+        stopped = False
+        async with aclosing(self._engine_pieces(request)) as pieces:
+            async for text, token_ids, log_probs in pieces:
+                generated += len(token_ids)
+                emit, stopped = stops.feed(text)
+                if emit or token_ids:
+                    yield GenerationChunk(emit, token_ids, log_probs)
+                if stopped:
+                    break  # leaving the loop cancels the Triton request
+        tail = "" if stopped else stops.flush()
+        hit_length = not stopped and generated >= params.max_tokens
+        yield GenerationChunk(
+            tail, finish_reason=FinishReason.LENGTH if hit_length else FinishReason.STOP
+        )
+
+    async def _engine_pieces(
+        self, request: PreparedRequest
+    ) -> AsyncIterator[tuple[str, list[int], list[float] | None]]:
+        """(final text, new token ids, their log probs) per Triton response."""
+        params = request.params
+        want_log_probs = params.return_log_probs
+        if self.route is Route.DIRECT:
+            tensors = direct_tensors(params, self._token_ids(request))
+            detokenizer = IncrementalDetokenizer(self.tokenizer)
+            async with aclosing(
+                self.client.stream(
+                    self.model_name, tensors, direct_outputs(params), request.request_id
+                )
+            ) as results:
+                async for result in results:
+                    ids = new_token_ids(result)
+                    log_probs = response_log_probs(result, len(ids)) if want_log_probs else None
+                    yield detokenizer.feed(ids), ids, log_probs
+            yield detokenizer.flush(), [], None
+            return
+        end_id = params.end_id if params.end_id is not None else None
+        tensors = text_tensors(request.prompt, params, end_id)
+        async with aclosing(
+            self.client.stream(self.model_name, tensors, text_outputs(params), request.request_id)
+        ) as results:
+            async for result in results:
+                text = response_text(result)
+                # The text routes return no ids: count tokens by re-encoding the delta.
+                ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+                yield text, ids, response_log_probs(result, len(ids)) if want_log_probs else None
+
+    def _token_ids(self, request: PreparedRequest) -> TokenIds:
+        params = request.params
+        end_id = params.end_id if params.end_id is not None else self._eos_id
+        pad_id = params.pad_id if params.pad_id is not None else self._pad_id
+        assert end_id is not None  # checked in prepare()
+        return TokenIds(
+            prompt_ids=request.prompt_ids,
+            end_id=end_id,
+            pad_id=pad_id if pad_id is not None else end_id,
+            stop_words_ids=encode_word_lists(self.tokenizer, [params.stop])
+            if params.stop
+            else None,
+            bad_words_ids=(
+                encode_word_lists(self.tokenizer, [params.bad_words]) if params.bad_words else None
+            ),
+        )
+
+    async def collect(self, request: PreparedRequest) -> GenerationResult:
+        """The non-streaming answer: the same stream, gathered."""
+        texts: list[str] = []
+        log_probs: list[float] | None = [] if request.params.return_log_probs else None
+        completion_tokens = 0
+        finish_reason = FinishReason.STOP
+        async with aclosing(self.stream(request)) as chunks:
+            async for chunk in chunks:
+                texts.append(chunk.text)
+                completion_tokens += len(chunk.token_ids)
+                if log_probs is not None and chunk.log_probs:
+                    log_probs.extend(chunk.log_probs)
+                if chunk.finish_reason is not None:
+                    finish_reason = chunk.finish_reason
+        return GenerationResult(
+            text="".join(texts),
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=completion_tokens,
+            finish_reason=finish_reason,
+            log_probs=log_probs,
+        )

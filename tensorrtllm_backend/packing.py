@@ -1,0 +1,269 @@
+"""Assemble engines + tokenizer + a filled Triton repository and store them as a BentoML model.
+
+Layout of a stored model (paths inside the repository are relative to the model's root and are
+resolved when the service starts, so a Bento built on one machine runs on another)::
+
+    engines/            TensorRT-LLM engine dir (config.json, rank*.engine) or a CPU engine dir
+    tokenizer/          tokenizer files (AutoTokenizer)
+    model_repository/   filled Triton repository: ensemble, preprocessing, tensorrt_llm, ...
+    trtllm_model.json   manifest: engine summary, fill options, default route
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .engine import EngineInfo, check_runtime_compatibility, inspect_engine
+from .repository import TemplateError, fill_repository
+
+MANIFEST = "trtllm_model.json"
+ENGINES = "engines"
+TOKENIZER = "tokenizer"
+REPOSITORY = "model_repository"
+FORMAT = "bentotrtllm/1"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "config.json",
+)
+
+
+class PackError(ValueError):
+    """Packing cannot proceed; the message says what to fix. Nothing was stored."""
+
+
+@dataclass
+class PackPlan:
+    """Everything that will be stored, decided and validated before anything is written."""
+
+    name: str
+    engine_dir: Path
+    tokenizer_dir: Path
+    engine: EngineInfo
+    options: dict[str, str]
+    labels: dict[str, str] = field(default_factory=dict)
+    route: str = "direct"
+    source: str = "engine"
+
+    def files(self) -> list[tuple[Path, Path]]:
+        """(source file, path inside the model) for engines and tokenizer."""
+        pairs = [
+            (path, Path(ENGINES) / path.relative_to(self.engine_dir))
+            for path in sorted(self.engine_dir.rglob("*"))
+            if path.is_file()
+        ]
+        pairs += [
+            (self.tokenizer_dir / name, Path(TOKENIZER) / name)
+            for name in TOKENIZER_FILES
+            if (self.tokenizer_dir / name).is_file()
+        ]
+        return pairs
+
+    def total_bytes(self) -> int:
+        return sum(src.stat().st_size for src, _ in self.files())
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "route": self.route,
+            **{f"engine_{k}": v for k, v in self.engine.metadata().items()},
+        }
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "route": self.route,
+            "engine": self.engine.model_dump(mode="json", exclude={"path"}),
+            "fill_options": self.options,
+        }
+
+
+def template_options(
+    engine: EngineInfo, overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Fill values for the templates: the BentoML guide's choices, adapted to the engine."""
+    cpu = engine.kind == "cpu"
+    options = {
+        "triton_backend": "python" if cpu else "tensorrtllm",
+        "triton_max_batch_size": str(engine.max_batch_size),
+        "decoupled_mode": "true",
+        "max_beam_width": str(engine.max_beam_width),
+        "engine_dir": ENGINES,
+        "tokenizer_dir": TOKENIZER,
+        "max_tokens_in_paged_kv_cache": "",
+        "max_attention_window_size": "",
+        "kv_cache_free_gpu_mem_fraction": "0.9",
+        "exclude_input_in_output": "true",
+        "batching_strategy": "inflight_fused_batching",
+        "max_queue_delay_microseconds": "0",
+        "enable_chunked_context": "false" if cpu else "true",
+        "enable_kv_cache_reuse": "false",
+        "preprocessing_instance_count": "1",
+        "postprocessing_instance_count": "1" if cpu else "8",
+        "bls_instance_count": "1",
+        "accumulate_tokens": "false",
+    }
+    options.update(overrides or {})
+    return options
+
+
+def _check_tokenizer(tokenizer_dir: Path) -> None:
+    if not tokenizer_dir.is_dir():
+        raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
+    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES[:5]):
+        raise PackError(
+            f"no tokenizer in {tokenizer_dir} (expected tokenizer.json, tokenizer_config.json or "
+            "tokenizer.model): pass --tokenizer-dir with the Hugging Face tokenizer of the model"
+        )
+    from .tokenization import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as error:  # transformers raises many kinds
+        raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
+    if tokenizer.eos_token_id is None:
+        raise PackError(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
+
+
+def plan(
+    *,
+    name: str,
+    engine_dir: Path,
+    tokenizer_dir: Path,
+    source: str,
+    option_overrides: Mapping[str, str] | None = None,
+    runtime_version: str | None = None,
+    route: str = "direct",
+) -> PackPlan:
+    """Validate the inputs and decide what to store (raises PackError, writes nothing)."""
+    try:
+        engine = inspect_engine(engine_dir)
+        check_runtime_compatibility(engine, runtime_version)
+    except ValueError as error:
+        raise PackError(str(error)) from error
+    _check_tokenizer(tokenizer_dir)
+    options = template_options(engine, option_overrides)
+    with tempfile.TemporaryDirectory() as scratch:  # fill once now so bad options fail early
+        try:
+            fill_repository(Path(scratch) / REPOSITORY, options)
+        except TemplateError as error:
+            raise PackError(str(error)) from error
+    return PackPlan(
+        name=name,
+        engine_dir=engine_dir.resolve(),
+        tokenizer_dir=tokenizer_dir.resolve(),
+        engine=engine,
+        options=options,
+        labels={"engine": engine.kind, "source": source},
+        route=route,
+        source=source,
+    )
+
+
+def _link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)  # same filesystem: instant, no extra disk
+    except OSError:
+        with src.open("rb") as reader, dst.open("wb") as writer:
+            while chunk := reader.read(8 << 20):
+                writer.write(chunk)
+                if progress is not None:
+                    progress.update(len(chunk))
+        shutil.copystat(src, dst)
+        return
+    if progress is not None:
+        progress.update(src.stat().st_size)
+
+
+def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
+    """Write engines, tokenizer, the filled repository and the manifest under root."""
+    files = pack.files()
+    with tqdm(
+        total=sum(src.stat().st_size for src, _ in files),
+        unit="B",
+        unit_scale=True,
+        desc="engines+tokenizer",
+        disable=not show_progress,
+    ) as progress:
+        for src, rel in files:
+            _link_or_copy(src, root / rel, progress)
+    fill_repository(root / REPOSITORY, pack.options)
+    (root / MANIFEST).write_text(json.dumps(pack.manifest(), indent=2) + "\n")
+
+
+@contextmanager
+def _cleanup_on_interrupt(tag: str) -> Iterator[None]:
+    """bentoml.models.create cleans up on Exception but not on Ctrl-C: make that atomic too."""
+    try:
+        yield
+    except BaseException:
+        import bentoml
+
+        try:
+            bentoml.models.delete(tag)
+        except Exception:  # not registered yet: nothing to remove
+            pass
+        raise
+
+
+def store(pack: PackPlan, version: str | None = None, show_progress: bool = True) -> str:
+    """Store the plan in the BentoML model store; returns the tag. All or nothing."""
+    import bentoml
+    from bentoml._internal.tag import Tag
+
+    tag = Tag(pack.name, version) if version else Tag(pack.name).make_new_version()
+    try:
+        bentoml.models.get(str(tag))
+    except bentoml.exceptions.NotFound:
+        pass
+    else:
+        raise PackError(f"model {tag} already exists in the model store: pass another --tag")
+    with _cleanup_on_interrupt(str(tag)):
+        with bentoml.models.create(str(tag), labels=pack.labels, metadata=pack.metadata()) as model:
+            write_model_tree(pack, Path(model.path), show_progress)
+    return str(tag)
+
+
+@contextmanager
+def staging_dir(prefix: str) -> Iterator[Path]:
+    """A scratch directory for CPU engines built at pack time; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def read_manifest(model_root: Path) -> dict[str, Any]:
+    path = model_root / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise PackError(
+            f"{model_root} is not a model packed by pack_model.py ({MANIFEST}: {error})"
+        ) from error
+    if data.get("format") != FORMAT:
+        raise PackError(f"{path}: unsupported format {data.get('format')!r}, expected {FORMAT}")
+    return dict(data)

@@ -1,0 +1,121 @@
+"""What the service owns while it runs: the stored model resolved on this machine, the supervised
+tritonserver, the gRPC client and the generator that every API uses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .client import TritonLLMClient
+from .engine import EngineInfo, inspect_engine
+from .generation import EngineLimits, Generator, Route
+from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
+from .repository import localize_repository
+from .server import TritonServerConfig, TritonSupervisor
+from .tokenization import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def _env_port(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        port = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{name}={value} is out of range 1-65535")
+    return port
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Knobs read from the environment (documented in the README)."""
+
+    route: Route | None = None  # None: the route stored with the model
+    grpc_port: int | None = None
+    http_port: int | None = None
+    metrics_port: int | None = None
+    startup_timeout_s: float = 600.0
+
+    @classmethod
+    def from_env(cls) -> RuntimeSettings:
+        route = os.environ.get("TRTLLM_ROUTE")
+        return cls(
+            route=Route(route) if route else None,
+            grpc_port=_env_port("TRTLLM_TRITON_GRPC_PORT"),
+            http_port=_env_port("TRTLLM_TRITON_HTTP_PORT"),
+            metrics_port=_env_port("TRTLLM_TRITON_METRICS_PORT"),
+            startup_timeout_s=float(os.environ.get("TRTLLM_STARTUP_TIMEOUT_S", "600")),
+        )
+
+
+class LLMRuntime:
+    def __init__(self, model_root: Path, settings: RuntimeSettings | None = None) -> None:
+        self.model_root = Path(model_root)
+        self.settings = settings or RuntimeSettings()
+        manifest = read_manifest(self.model_root)
+        self.engine: EngineInfo = inspect_engine(self.model_root / ENGINES)
+        self.route = self.settings.route or Route(manifest.get("route", Route.DIRECT.value))
+        self.tokenizer = load_tokenizer(self.model_root / TOKENIZER)
+        self.supervisor: TritonSupervisor | None = None
+        self._client: TritonLLMClient | None = None
+        self._generator: Generator | None = None
+        self._run_dir: Path | None = None
+
+    @property
+    def generator(self) -> Generator:
+        if self._generator is None:
+            raise RuntimeError("the runtime is not started")
+        return self._generator
+
+    async def start(self) -> None:
+        self._run_dir = Path(tempfile.mkdtemp(prefix="trtllm-run-"))
+        repository = localize_repository(
+            self.model_root / REPOSITORY, self._run_dir / REPOSITORY, self.model_root
+        )
+        settings = self.settings
+        self.supervisor = TritonSupervisor(
+            TritonServerConfig(
+                model_repository=repository,
+                grpc_port=settings.grpc_port,
+                http_port=settings.http_port,
+                metrics_port=settings.metrics_port,
+                world_size=self.engine.world_size,
+                startup_timeout_s=settings.startup_timeout_s,
+                log_dir=self._run_dir / "logs",
+            )
+        )
+        await asyncio.to_thread(self.supervisor.start)
+        self._client = TritonLLMClient(self.supervisor.grpc_url)
+        self._generator = Generator(
+            self._client, self.tokenizer, EngineLimits.from_engine(self.engine), self.route
+        )
+        logger.info(
+            "serving %s through %s (route %s)",
+            self.model_root.name,
+            self.supervisor.grpc_url,
+            self.route.value,
+        )
+
+    async def is_ready(self) -> bool:
+        if self.supervisor is None or self._generator is None:
+            return False
+        return await asyncio.to_thread(self.supervisor.is_ready)
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self.supervisor is not None:
+            await asyncio.to_thread(self.supervisor.stop)
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None

@@ -1,0 +1,531 @@
+"""Supervise a ``tritonserver`` subprocess: locate it, start it on loopback ports, wait until it is
+ready, watch it, restart it when it dies, and stop it without leaving any process behind.
+
+The service owns exactly one :class:`TritonSupervisor`. All process spawning happens on the
+supervisor's own thread: ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits,
+so tritonserver dies with the thread that owns it and never outlives a SIGKILLed service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+ENV_TRITONSERVER = "TRTLLM_TRITONSERVER"
+ENV_BACKEND_DIR = "TRTLLM_TRITON_BACKEND_DIR"
+ENV_BACKEND_PYTHONPATH = "TRTLLM_BACKEND_PYTHONPATH"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_PR_SET_PDEATHSIG = 1
+
+
+class TritonError(RuntimeError):
+    """tritonserver could not be found, started or kept alive."""
+
+
+class TritonStartupError(TritonError):
+    """tritonserver exited or did not become ready; the message carries its log tail."""
+
+
+class ServerState(str, enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class TritonInstallation:
+    """Where tritonserver and the backends it needs live."""
+
+    binary: Path
+    backend_dir: Path | None = None
+    library_dirs: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    grpc: int
+    http: int
+    metrics: int
+
+
+@dataclass
+class TritonServerConfig:
+    model_repository: Path
+    grpc_port: int | None = None
+    http_port: int | None = None
+    metrics_port: int | None = None
+    world_size: int = 1
+    tensorrt_llm_model_name: str = "tensorrt_llm"
+    startup_timeout_s: float = 300.0
+    log_verbose: int = 0
+    restart: bool = True
+    max_restart_backoff_s: float = 30.0
+    exit_timeout_s: int = 3
+    extra_args: Sequence[str] = ()
+    python_paths: Sequence[str] | None = None
+    log_dir: Path | None = None
+
+
+def find_free_port() -> int:
+    """A currently free loopback TCP port (the OS picks; a race is retried by the caller)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def _site_packages() -> list[str]:
+    import site
+
+    paths = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    user = site.getusersitepackages()
+    if isinstance(user, str) and Path(user).is_dir():
+        paths.append(user)
+    return paths
+
+
+def default_python_paths() -> list[str]:
+    """What a python-backend model needs on sys.path: this interpreter's packages and ours."""
+    return [*_site_packages(), str(PROJECT_ROOT)]
+
+
+def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
+    try:
+        import pytriton  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    package_dir = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    binary = package_dir / "bin" / "tritonserver"
+    stub = (
+        package_dir
+        / "python_backend_stubs"
+        / f"{sys.version_info.major}.{sys.version_info.minor}"
+        / "triton_python_backend_stub"
+    )
+    python_backend = package_dir / "backends" / "python"
+    if not (binary.is_file() and stub.is_file() and python_backend.is_dir()):
+        return None
+    # tritonserver looks for <backend_dir>/python/{libtriton_python.so,stub}: the wheel keeps the
+    # stubs apart per Python version, so assemble the directory it expects out of symlinks.
+    backend_dir = (
+        cache_root / f"pytriton-backends-py{sys.version_info.major}{sys.version_info.minor}"
+    )
+    target = backend_dir / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for source in (
+        python_backend / "libtriton_python.so",
+        python_backend / "triton_python_backend_utils.py",
+        stub,
+    ):
+        link = target / source.name
+        if not (link.is_symlink() and link.resolve() == source.resolve()):
+            link.unlink(missing_ok=True)
+            link.symlink_to(source)
+    libs = package_dir.parent.parent / "nvidia_pytriton.libs"
+    return TritonInstallation(binary, backend_dir, (libs,) if libs.is_dir() else ())
+
+
+def find_tritonserver(cache_root: Path | None = None) -> TritonInstallation:
+    """Locate tritonserver: $TRTLLM_TRITONSERVER, PATH, NGC's /opt/tritonserver, nvidia-pytriton."""
+    backend_override = os.environ.get(ENV_BACKEND_DIR)
+    backend_dir = Path(backend_override) if backend_override else None
+    override = os.environ.get(ENV_TRITONSERVER)
+    if override:
+        binary = Path(override)
+        if not os.access(binary, os.X_OK):
+            raise TritonError(f"{ENV_TRITONSERVER}={override} is not an executable file")
+        return TritonInstallation(binary, backend_dir)
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstallation(Path(on_path), backend_dir)
+    if os.access(NGC_TRITONSERVER, os.X_OK):
+        return TritonInstallation(NGC_TRITONSERVER, backend_dir)
+    cache = cache_root or Path(tempfile.gettempdir()) / f"bentotrtllm-{os.getuid()}"
+    installation = _pytriton_installation(cache)
+    if installation is not None:
+        return installation
+    raise TritonError(
+        "tritonserver not found: set TRTLLM_TRITONSERVER, use an NVIDIA Triton image "
+        "(/opt/tritonserver/bin/tritonserver), or `pip install nvidia-pytriton==0.7.0` for CPU."
+    )
+
+
+def build_command(
+    installation: TritonInstallation, config: TritonServerConfig, ports: TritonPorts
+) -> list[str]:
+    """argv for tritonserver, or for mpirun with one tritonserver per rank when world_size > 1.
+
+    As NVIDIA's launcher does, each rank gets its own python-backend shared-memory prefix and
+    only rank 0 serves clients; the other ranks load just the TensorRT-LLM model.
+    """
+
+    def rank_args(rank: int) -> list[str]:
+        args = [
+            str(installation.binary),
+            f"--model-repository={config.model_repository}",
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            f"--exit-timeout-secs={config.exit_timeout_s}",
+        ]
+        if installation.backend_dir is not None:
+            args.append(f"--backend-directory={installation.backend_dir}")
+        if rank == 0:
+            args += [
+                f"--grpc-address={LOOPBACK}",
+                f"--grpc-port={ports.grpc}",
+                f"--http-address={LOOPBACK}",
+                f"--http-port={ports.http}",
+                f"--metrics-address={LOOPBACK}",
+                f"--metrics-port={ports.metrics}",
+                f"--log-verbose={config.log_verbose}",
+                *config.extra_args,
+            ]
+        else:
+            args += [
+                "--model-control-mode=explicit",
+                f"--load-model={config.tensorrt_llm_model_name}",
+                "--allow-http=false",
+                "--allow-grpc=false",
+                "--allow-metrics=false",
+            ]
+        return args
+
+    if config.world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {config.world_size}")
+    if config.world_size == 1:
+        return rank_args(0)
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(config.world_size):
+        command += ["-n", "1", *rank_args(rank), ":"]
+    return command[:-1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: get SIGKILLed when the spawning thread dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class _Run:
+    process: subprocess.Popen[bytes]
+    ports: TritonPorts
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class TritonSupervisor:
+    """Owns one tritonserver (or one mpirun) for the lifetime of the service."""
+
+    def __init__(
+        self,
+        config: TritonServerConfig,
+        installation: TritonInstallation | None = None,
+        on_state_change: Callable[[ServerState], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._installation = installation
+        self._on_state_change = on_state_change
+        self._state = ServerState.STOPPED
+        self._state_lock = threading.Lock()
+        self._ready_event = threading.Event()
+        self._start_done = threading.Event()
+        self._stop_event = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._run: _Run | None = None
+        self._thread: threading.Thread | None = None
+        self._restarts = 0
+        self._ports: TritonPorts | None = None
+        self._log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tritonserver-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def state(self) -> ServerState:
+        return self._state
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    @property
+    def ports(self) -> TritonPorts:
+        if self._ports is None:
+            raise TritonError("tritonserver has not been started")
+        return self._ports
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{LOOPBACK}:{self.ports.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.metrics}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._run.process.pid if self._run else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._run.log_path if self._run else None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self._run.log_path, lines) if self._run else ""
+
+    def is_ready(self) -> bool:
+        """Ready means: our process is alive and Triton's own readiness endpoint says so."""
+        run = self._run
+        if self._state is not ServerState.READY or run is None or run.process.poll() is not None:
+            return False
+        return self._probe_ready(run.ports, timeout=1.0)
+
+    def start(self) -> None:
+        """Start tritonserver and block until it is ready (raises TritonStartupError)."""
+        if self._thread is not None:
+            raise TritonError("supervisor already started")
+        self._stop_event.clear()
+        self._thread = threading.Thread(target=self._own, name="triton-supervisor", daemon=True)
+        self._thread.start()
+        self._start_done.wait()
+        if self._startup_error is not None:
+            error = self._startup_error
+            self.stop()
+            raise error
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop tritonserver (SIGTERM to its process group, then SIGKILL) and the watcher."""
+        self._stop_event.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s + 5)
+        if self._run is not None:  # the owner thread normally did this already
+            self._terminate(self._run, timeout_s)
+        self._set_state(ServerState.STOPPED)
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        return self._ready_event.wait(timeout_s)
+
+    def __enter__(self) -> TritonSupervisor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- owner thread -------------------------------------------------------------------------
+    def _own(self) -> None:
+        try:
+            self._launch_until_ready(ServerState.STARTING)
+        except BaseException as error:  # reported to start()'s caller
+            self._startup_error = error
+            self._set_state(ServerState.FAILED)
+            self._start_done.set()
+            return
+        self._start_done.set()
+        try:
+            self._watch()
+        finally:
+            if self._run is not None:
+                self._terminate(self._run, 10.0)
+
+    def _watch(self) -> None:
+        backoff = 1.0
+        while not self._stop_event.wait(0.2):
+            run = self._run
+            if run is None or run.process.poll() is None:
+                continue
+            code = run.process.returncode
+            logger.error(
+                "tritonserver exited unexpectedly (code %s); last log lines:\n%s",
+                code,
+                _tail(run.log_path, 20),
+            )
+            self._ready_event.clear()
+            self._terminate(run, 2.0)  # reap leftovers of its process group
+            if not self.config.restart:
+                self._set_state(ServerState.FAILED)
+                return
+            self._set_state(ServerState.RESTARTING)
+            while not self._stop_event.is_set():
+                try:
+                    self._restarts += 1
+                    self._launch_until_ready(ServerState.RESTARTING)
+                    backoff = 1.0
+                    break
+                except TritonError as error:
+                    logger.error("restarting tritonserver failed: %s", error)
+                    if self._stop_event.wait(backoff):
+                        return
+                    backoff = min(backoff * 2, self.config.max_restart_backoff_s)
+
+    def _launch_until_ready(self, state: ServerState) -> None:
+        self._set_state(state)
+        pinned = None not in (
+            self.config.grpc_port,
+            self.config.http_port,
+            self.config.metrics_port,
+        )
+        attempts = 1 if pinned else 3
+        last_error: TritonStartupError | None = None
+        for attempt in range(attempts):
+            # Keep the ports across restarts so clients reconnect to the same address.
+            if attempt or self._ports is None:
+                self._ports = self._choose_ports()
+            run = self._spawn(self._ports)
+            try:
+                self._wait_until_ready(run)
+            except TritonStartupError as error:
+                self._terminate(run, 5.0)
+                last_error = error
+                if "already in use" in str(error) or "Address in use" in str(error):
+                    continue  # lost a port race: pick new free ports
+                raise
+            self._set_state(ServerState.READY)
+            self._ready_event.set()
+            return
+        assert last_error is not None
+        raise last_error
+
+    def _choose_ports(self) -> TritonPorts:
+        return TritonPorts(
+            grpc=self.config.grpc_port or find_free_port(),
+            http=self.config.http_port or find_free_port(),
+            metrics=self.config.metrics_port or find_free_port(),
+        )
+
+    def _environment(self, installation: TritonInstallation) -> dict[str, str]:
+        env = dict(os.environ)
+        if installation.library_dirs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [*(str(d) for d in installation.library_dirs), env.get("LD_LIBRARY_PATH", "")]
+            ).rstrip(os.pathsep)
+        paths = self.config.python_paths
+        env[ENV_BACKEND_PYTHONPATH] = os.pathsep.join(
+            default_python_paths() if paths is None else paths
+        )
+        return env
+
+    def _spawn(self, ports: TritonPorts) -> _Run:
+        if self._installation is None:
+            self._installation = find_tritonserver()
+        installation = self._installation
+        repository = Path(self.config.model_repository)
+        if not repository.is_dir():
+            raise TritonStartupError(f"model repository {repository} is not a directory")
+        command = build_command(installation, self.config, ports)
+        log_path = self._log_dir / f"tritonserver-{int(time.time() * 1000)}.log"
+        logger.info("starting tritonserver: %s", " ".join(command))
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._environment(installation),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        run = _Run(process, ports, log_path)
+        self._run = run
+        return run
+
+    def _wait_until_ready(self, run: _Run) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._stop_event.is_set():
+                raise TritonStartupError("stopped while tritonserver was starting")
+            code = run.process.poll()
+            if code is not None:
+                raise TritonStartupError(
+                    f"tritonserver exited with code {code} before it was ready. "
+                    f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
+                )
+            if self._probe_ready(run.ports, timeout=1.0):
+                logger.info(
+                    "tritonserver ready in %.1f s (grpc %s:%d)",
+                    time.monotonic() - run.started_at,
+                    LOOPBACK,
+                    run.ports.grpc,
+                )
+                return
+            time.sleep(0.2)
+        raise TritonStartupError(
+            f"tritonserver was not ready after {self.config.startup_timeout_s:.0f} s. "
+            f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
+        )
+
+    @staticmethod
+    def _probe_ready(ports: TritonPorts, timeout: float) -> bool:
+        url = f"http://{LOOPBACK}:{ports.http}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _terminate(self, run: _Run, timeout_s: float) -> None:
+        """SIGTERM the process group, SIGKILL it after a grace period; always reap."""
+        process = run.process
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("tritonserver did not exit after SIGTERM; killing its process group")
+        # Python stubs share the group: kill whatever is left even if tritonserver itself exited.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        if self._run is run:
+            self._run = None
+
+    def _set_state(self, state: ServerState) -> None:
+        with self._state_lock:
+            changed = state is not self._state
+            self._state = state
+        if state is not ServerState.READY:
+            self._ready_event.clear()
+        if changed and self._on_state_change is not None:
+            try:
+                self._on_state_change(state)
+            except Exception:  # a listener must not break supervision
+                logger.exception("state-change listener failed")

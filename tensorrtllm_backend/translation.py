@@ -1,0 +1,146 @@
+"""Translate a prepared request into the contract's Triton tensors, and responses back.
+
+Two routes through Triton share these helpers:
+- ``direct``: the service tokenizes and calls the ``tensorrt_llm`` model with token ids;
+- ``ensemble`` / ``bls``: text in, text out through NVIDIA's client-facing tensor names.
+Every tensor carries the leading batch dimension of 1 that ``max_batch_size > 0`` models expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import InferResult
+
+from .schemas import SamplingParams
+
+NO_END_ID = -1  # TensorRT-LLM's "never stop on an end token"
+
+
+def _scalar(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
+    return np.array([[value]], dtype=dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """What the engine-side request needs beyond the sampling parameters."""
+
+    prompt_ids: Sequence[int]
+    end_id: int
+    pad_id: int
+    stop_words_ids: np.ndarray | None = None  # [1, 2, L] contract layout
+    bad_words_ids: np.ndarray | None = None
+
+
+def _sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str, np.ndarray]:
+    """Optional sampling inputs; `names` maps our field names to the model's input names."""
+    values: dict[str, tuple[object, type[np.generic]]] = {
+        "temperature": (params.temperature, np.float32),
+        "top_k": (params.top_k, np.int32),
+        "top_p": (params.top_p, np.float32),
+        "repetition_penalty": (params.repetition_penalty, np.float32),
+        "presence_penalty": (params.presence_penalty, np.float32),
+        "frequency_penalty": (params.frequency_penalty, np.float32),
+        "length_penalty": (params.length_penalty, np.float32),
+        "min_tokens": (params.min_tokens, np.int32),
+        "seed": (params.seed, np.uint64),
+    }
+    tensors = {
+        names.get(field, field): _scalar(value, dtype)  # type: ignore[arg-type]
+        for field, (value, dtype) in values.items()
+        if value is not None
+    }
+    if params.beam_width != 1:
+        tensors["beam_width"] = _scalar(params.beam_width, np.int32)
+    if params.return_log_probs:
+        tensors["return_log_probs"] = _scalar(True, np.bool_)
+    return tensors
+
+
+_DIRECT_NAMES = {
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "length_penalty": "len_penalty",
+}
+
+
+def direct_tensors(params: SamplingParams, ids: TokenIds) -> dict[str, np.ndarray]:
+    """Inputs of the ``tensorrt_llm`` model: always streamed, prompt excluded from the output."""
+    tensors = {
+        "input_ids": np.asarray([ids.prompt_ids], dtype=np.int32),
+        "input_lengths": _scalar(len(ids.prompt_ids), np.int32),
+        "request_output_len": _scalar(params.max_tokens, np.int32),
+        "end_id": _scalar(NO_END_ID if params.ignore_eos else ids.end_id, np.int32),
+        "pad_id": _scalar(ids.pad_id, np.int32),
+        "streaming": _scalar(True, np.bool_),
+        "exclude_input_in_output": _scalar(True, np.bool_),
+        **_sampling_tensors(params, _DIRECT_NAMES),
+    }
+    if ids.stop_words_ids is not None and ids.stop_words_ids.shape[-1] > 0:
+        tensors["stop_words_list"] = ids.stop_words_ids
+    if ids.bad_words_ids is not None and ids.bad_words_ids.shape[-1] > 0:
+        tensors["bad_words_list"] = ids.bad_words_ids
+    return tensors
+
+
+def direct_outputs(params: SamplingParams) -> list[str]:
+    names = ["output_ids", "sequence_length"]
+    if params.return_log_probs:
+        names.append("output_log_probs")
+    return names
+
+
+def text_tensors(prompt: str, params: SamplingParams, end_id: int | None) -> dict[str, np.ndarray]:
+    """Inputs of the ``ensemble`` / ``tensorrt_llm_bls`` models (NVIDIA's client-facing names)."""
+    tensors = {
+        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+        "max_tokens": _scalar(params.max_tokens, np.int32),
+        "stream": _scalar(True, np.bool_),
+        "exclude_input_in_output": _scalar(True, np.bool_),
+        **_sampling_tensors(params, {}),
+    }
+    if params.ignore_eos:
+        tensors["end_id"] = _scalar(NO_END_ID, np.int32)
+    elif end_id is not None:
+        tensors["end_id"] = _scalar(end_id, np.int32)
+    if params.pad_id is not None:
+        tensors["pad_id"] = _scalar(params.pad_id, np.int32)
+    if params.stop:
+        tensors["stop_words"] = np.array([[w.encode() for w in params.stop]], dtype=np.object_)
+    if params.bad_words:
+        tensors["bad_words"] = np.array([[w.encode() for w in params.bad_words]], dtype=np.object_)
+    return tensors
+
+
+def text_outputs(params: SamplingParams) -> list[str]:
+    names = ["text_output"]
+    if params.return_log_probs:
+        names.append("output_log_probs")
+    return names
+
+
+def new_token_ids(result: InferResult) -> list[int]:
+    """Tokens of beam 0 in one streamed ``tensorrt_llm`` response."""
+    output_ids = result.as_numpy("output_ids")
+    lengths = result.as_numpy("sequence_length")
+    if output_ids is None or lengths is None or output_ids.size == 0:
+        return []
+    return output_ids[0, 0, : int(lengths[0, 0])].tolist()
+
+
+def response_text(result: InferResult) -> str:
+    output = result.as_numpy("text_output")
+    if output is None or output.size == 0:
+        return ""
+    value = output.reshape(-1)[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def response_log_probs(result: InferResult, count: int) -> list[float]:
+    """The last `count` per-token log probs of beam 0 (empty when not requested)."""
+    log_probs = result.as_numpy("output_log_probs")
+    if log_probs is None or log_probs.size == 0 or count <= 0:
+        return []
+    return log_probs.reshape(-1)[-count:].astype(float).tolist()
