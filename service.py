@@ -10,7 +10,6 @@ ports; free ones by default), TRTLLM_STARTUP_TIMEOUT_S.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
@@ -19,34 +18,35 @@ from typing import Any
 import bentoml
 from starlette.responses import JSONResponse
 
+from tensorrtllm_backend.deployment import model_tag, resources
 from tensorrtllm_backend.errors import as_api_error, error_response
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
+from tensorrtllm_backend.openai_api.routes import build_openai_app
+from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
 
 logger = logging.getLogger("bentoml.trtllm")
 
-MODEL_TAG = os.environ.get("TRTLLM_MODEL", "trtllm-demo:latest")
+MODEL_TAG = model_tag()
 
 
-def _resources(tag: str) -> dict[str, Any]:
-    """One GPU per rank for TensorRT-LLM engines; the CPU engine needs none."""
+def _current_openai() -> OpenAIServing | None:
     try:
-        metadata = bentoml.models.get(tag).info.metadata
-    except bentoml.exceptions.NotFound:
-        return {"cpu": "2"}
-    if metadata.get("engine_kind") == "cpu":
-        return {"cpu": "2"}
-    resources: dict[str, Any] = {"gpu": int(metadata.get("engine_world_size", 1))}
-    if os.environ.get("TRTLLM_GPU_TYPE"):  # e.g. nvidia-l4, nvidia-a100-80gb (BentoCloud names)
-        resources["gpu_type"] = os.environ["TRTLLM_GPU_TYPE"]
-    return resources
+        service = bentoml.get_current_service()
+    except bentoml.exceptions.BentoMLException:
+        return None
+    return getattr(service, "openai", None)
 
 
+openai_app = build_openai_app(_current_openai)
+
+
+@bentoml.asgi_app(openai_app, path="/v1")
 @bentoml.service(
     name="trtllm",
     workers=1,  # one worker owns the one tritonserver
-    resources=_resources(MODEL_TAG),
+    resources=resources(MODEL_TAG),
     traffic={"timeout": 600, "max_concurrency": 1024},
 )
 class TRTLLM:
@@ -54,13 +54,16 @@ class TRTLLM:
 
     def __init__(self) -> None:
         self.runtime = LLMRuntime(Path(self.model.path), RuntimeSettings.from_env())
+        self.openai: OpenAIServing | None = None  # set once Triton is up
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
         await self.runtime.start()
+        self.openai = OpenAIServing(self.runtime.generator, self.runtime.served_model_name)
 
     @bentoml.on_shutdown
     async def _stop_triton(self) -> None:
+        self.openai = None
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:

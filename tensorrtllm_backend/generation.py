@@ -98,9 +98,19 @@ class Generator:
         )
 
     def prepare(
-        self, prompt: str, params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_tokens_cap: int | None = None,
     ) -> PreparedRequest:
-        """Tokenize and check every engine limit before Triton sees the request."""
+        """Tokenize and check every engine limit before Triton sees the request.
+
+        With `max_tokens_cap`, a request that did not set max_tokens gets all the room the engine
+        leaves after the prompt, up to the cap (OpenAI chat semantics).
+        """
         limits = self.limits
         if params.beam_width > limits.max_beam_width:
             raise RequestError(
@@ -108,7 +118,7 @@ class Generator:
                 f"{limits.max_beam_width} (set at trtllm-build time)",
                 param="beam_width",
             )
-        prompt_ids = self.tokenizer.encode(prompt)
+        prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if not prompt_ids:
             raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
         if len(prompt_ids) > limits.max_input_len:
@@ -118,6 +128,8 @@ class Generator:
                 param="prompt",
             )
         room = limits.max_seq_len - len(prompt_ids)
+        if max_tokens_cap is not None and "max_tokens" not in params.model_fields_set:
+            params = params.model_copy(update={"max_tokens": max(1, min(room, max_tokens_cap))})
         if params.max_tokens > room:
             raise RequestError(
                 f"max_tokens {params.max_tokens} plus the prompt's {len(prompt_ids)} tokens exceeds "

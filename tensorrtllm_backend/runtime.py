@@ -71,6 +71,11 @@ class LLMRuntime:
         self._run_dir: Path | None = None
 
     @property
+    def served_model_name(self) -> str:
+        """The name clients use (OpenAI `model`): the stored model's name."""
+        return os.environ.get("TRTLLM_SERVED_MODEL_NAME") or self.model_root.parent.name
+
+    @property
     def generator(self) -> Generator:
         if self._generator is None:
             raise RuntimeError("the runtime is not started")

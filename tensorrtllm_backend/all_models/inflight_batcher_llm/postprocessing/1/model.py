@@ -1,0 +1,92 @@
+import os
+import sys
+
+# The Triton python stub may run a different interpreter than the service's venv and ignores
+# PYTHONPATH: the supervisor passes the paths to add (venv site-packages, our package's parent).
+for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# Postprocessing: TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] -> OUTPUT text.
+#
+# Streaming through the ensemble sends one call per response holding only the new tokens. NVIDIA
+# decodes each call in isolation and loses multi-byte characters and spaces at chunk borders.
+# Here, when the request carries a request id (Triton forwards the client's id to every ensemble
+# step), beam-1 rows keep an IncrementalDetokenizer per (request id, row) in a bounded cache, so
+# the concatenated stream equals the non-streamed text. Without a request id the call is decoded
+# alone (NVIDIA's behaviour). In both cases a trailing incomplete character is not emitted: the
+# model cannot tell the last call of a stream from the others, so it never emits a partial char.
+# Exact streaming needs: unique request ids per request and one postprocessing instance (the
+# state lives in the instance's process).
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from tensorrtllm_backend.bls.detok_cache import DetokenizerCache  # noqa: E402
+from tensorrtllm_backend.bls.params import (  # noqa: E402
+    model_parameter,
+    parse_bool,
+    resolve_model_path,
+)
+from tensorrtllm_backend.stub_guard import exit_with_parent  # noqa: E402
+from tensorrtllm_backend.tokenization import IncrementalDetokenizer, load_tokenizer  # noqa: E402
+
+
+class TritonPythonModel:
+    """Decodes every request of a batch; errors stay per request."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        exit_with_parent()
+        config = json.loads(args["model_config"])
+        tokenizer_dir = model_parameter(config, "tokenizer_dir")
+        if tokenizer_dir is None:
+            raise ValueError("postprocessing: parameter tokenizer_dir is not set")
+        self.tokenizer = load_tokenizer(resolve_model_path(tokenizer_dir, args["model_repository"]))
+        self.skip_special_tokens = parse_bool(
+            model_parameter(config, "skip_special_tokens"), True, "skip_special_tokens"
+        )
+        max_entries = model_parameter(config, "stream_state_max_entries")
+        idle_seconds = model_parameter(config, "stream_state_idle_seconds")
+        self.streams = DetokenizerCache(
+            self._new_detokenizer,
+            max_entries=int(max_entries) if max_entries else 4096,
+            idle_seconds=float(idle_seconds) if idle_seconds else 120.0,
+        )
+
+    def _new_detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            try:
+                output = self._decode(request)
+                responses.append(
+                    pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)])
+                )
+            except Exception as exc:  # one bad request must not fail the whole batch
+                message = f"postprocessing failed: {type(exc).__name__}: {exc}"
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+        return responses
+
+    def _decode(self, request) -> np.ndarray:
+        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        if tokens.ndim == 2:  # [batch, len]: a single beam
+            tokens = tokens[:, None, :]
+        lengths = lengths.reshape(tokens.shape[0], tokens.shape[1])
+        request_id = request.request_id()
+        # Beams of beam search are rewritten between responses: only beam 1 streams stateful.
+        stateful = bool(request_id) and tokens.shape[1] == 1
+        output = np.empty(tokens.shape[:2], dtype=object)
+        for row in range(tokens.shape[0]):
+            for beam in range(tokens.shape[1]):
+                ids = tokens[row, beam, : max(0, int(lengths[row, beam]))].tolist()
+                if stateful:
+                    detokenizer = self.streams.get((request_id, row))
+                else:
+                    detokenizer = self._new_detokenizer()
+                output[row, beam] = detokenizer.feed(ids).encode("utf-8")
+        return output

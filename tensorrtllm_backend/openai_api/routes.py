@@ -1,0 +1,154 @@
+"""The `/v1` ASGI app (Starlette) that the BentoML service mounts.
+
+Errors are OpenAI error objects with proper status codes; a request body that is not valid JSON
+or not a valid request is a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..client import TritonModelError, TritonUnavailableError
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorDetail,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from .serving import OpenAIError, OpenAIServing, sse
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+ServingProvider = Callable[[], OpenAIServing | None]
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    body = ErrorResponse(
+        error=ErrorDetail(message=str(error), type=error.kind, param=error.param, code=error.code)
+    )
+    headers = {"Retry-After": "5"} if error.status in (429, 503) else None
+    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
+
+
+def _as_openai_error(error: Exception) -> OpenAIError:
+    if isinstance(error, OpenAIError):
+        return error
+    if isinstance(error, TritonUnavailableError):
+        return OpenAIError(
+            f"the model server is not available, retry shortly: {error}", 503, "server_error"
+        )
+    if isinstance(error, TritonModelError):
+        return OpenAIError(f"the model failed on this request: {error}", 502, "server_error")
+    raise error
+
+
+def _validation_message(error: ValidationError) -> tuple[str, str | None]:
+    first = error.errors(include_url=False)[0]
+    location = ".".join(str(part) for part in first.get("loc", ()))
+    return f"{location}: {first.get('msg')}" if location else str(first.get("msg")), location or None
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise OpenAIError(f"request body is larger than {MAX_BODY_BYTES} bytes", 413)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        message, param = _validation_message(error)
+        if any(e.get("type") == "json_invalid" for e in error.errors()):
+            message = "the request body is not valid JSON"
+        raise OpenAIError(message, 400, param=param) from None
+
+
+async def _guarded_stream(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Errors after the first byte cannot change the status: send them as an SSE error event."""
+    try:
+        async for event in stream:
+            yield event
+    except (TritonUnavailableError, TritonModelError) as error:
+        failure = _as_openai_error(error)
+        yield sse({"error": {"message": str(failure), "type": failure.kind, "code": None}})
+
+
+def build_openai_app(get_serving: ServingProvider) -> Starlette:
+    """Routes for `/v1`; `get_serving` returns None while the service is not ready (503)."""
+
+    def serving() -> OpenAIServing:
+        current = get_serving()
+        if current is None:
+            raise OpenAIError("the model is still loading, retry shortly", 503, "server_error")
+        return current
+
+    def handler(
+        body: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await body(request)
+            except Exception as error:
+                return error_response(_as_openai_error(error))
+
+        return endpoint
+
+    async def completions(request: Request) -> Response:
+        parsed = await _parse(request, CompletionRequest)
+        assert isinstance(parsed, CompletionRequest)
+        server = serving()
+        prepared = server.prepare_completion(parsed)
+        if parsed.stream:
+            usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+            events = server.stream_completion(prepared, usage)
+            return await _streaming_response(events)
+        return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
+
+    async def chat_completions(request: Request) -> Response:
+        parsed = await _parse(request, ChatCompletionRequest)
+        assert isinstance(parsed, ChatCompletionRequest)
+        server = serving()
+        prepared = server.prepare_chat(parsed)
+        if parsed.stream:
+            usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+            return await _streaming_response(server.stream_chat(prepared, usage))
+        return JSONResponse((await server.chat(prepared)).model_dump(exclude_none=True))
+
+    async def models(request: Request) -> Response:
+        server = serving()
+        card = ModelCard(id=server.model_name, created=int(time.time()))
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    return Starlette(
+        routes=[
+            Route("/completions", handler(completions), methods=["POST"]),
+            Route("/chat/completions", handler(chat_completions), methods=["POST"]),
+            Route("/models", handler(models), methods=["GET"]),
+        ]
+    )
+
+
+async def _streaming_response(events: AsyncIterator[str]) -> StreamingResponse:
+    """Start the stream only once its first event exists, so early failures get a real status."""
+    guarded = _guarded_stream(events)
+    try:
+        first = await anext(guarded)
+    except StopAsyncIteration:
+        first = ""
+
+    async def body() -> AsyncIterator[str]:
+        if first:
+            yield first
+        async for event in guarded:
+            yield event
+
+    return StreamingResponse(body(), media_type="text/event-stream")

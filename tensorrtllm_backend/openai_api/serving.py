@@ -1,0 +1,343 @@
+"""OpenAI requests → the shared generation core → OpenAI responses and SSE chunks.
+
+Chat prompts are rendered with the tokenizer's own chat template; streaming and non-streaming
+answers both come from :meth:`Generator.stream`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..generation import Generator, PreparedRequest, RequestError, new_request_id
+from ..schemas import FinishReason, SamplingParams
+from .protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's error-object format."""
+
+    def __init__(
+        self, message: str, status: int = 400, kind: str = "invalid_request_error",
+        param: str | None = None, code: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.kind, self.param, self.code = status, kind, param, code
+
+    @classmethod
+    def from_request_error(cls, error: RequestError) -> OpenAIError:
+        code = "context_length_exceeded" if error.param in ("prompt", "max_tokens") else None
+        return cls(str(error), error.status, param=error.param, code=code)
+
+
+def sse(payload: BaseModel | dict[str, Any] | str) -> str:
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump_json(exclude_none=True)
+    elif isinstance(payload, dict):
+        payload = json.dumps(payload)
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def _finish(reason: FinishReason | None) -> str | None:
+    return None if reason is None else ("length" if reason is FinishReason.LENGTH else "stop")
+
+
+@dataclass(slots=True)
+class _Event:
+    text: str
+    finish_reason: str | None
+    token_ids: list[int]
+    log_probs: list[float]
+
+
+@dataclass
+class _Accumulated:
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    tokens: list[str] | None = None
+    log_probs: list[float] | None = None
+
+
+class OpenAIServing:
+    """Validates OpenAI requests against the served model and runs them on the generator."""
+
+    def __init__(self, generator: Generator, model_name: str) -> None:
+        self.generator = generator
+        self.model_name = model_name
+
+    # -- request translation --------------------------------------------------------------
+    def _check_common(self, request: CompletionRequest | ChatCompletionRequest) -> None:
+        if request.model != self.model_name:
+            raise OpenAIError(
+                f"model {request.model!r} does not exist here; this server serves "
+                f"{self.model_name!r} (GET /v1/models)",
+                404, "invalid_request_error", "model", "model_not_found",
+            )  # fmt: skip
+        if request.n != 1:
+            raise OpenAIError("n > 1 is not supported: send n requests instead", param="n")
+
+    def _sampling(
+        self, request: CompletionRequest | ChatCompletionRequest, want_log_probs: bool
+    ) -> SamplingParams:
+        fields: dict[str, Any] = {
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": request.top_k,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+            "repetition_penalty": request.repetition_penalty,
+            "min_tokens": request.min_tokens,
+            "seed": request.seed,
+            "stop": request.stop or [],
+            "return_log_probs": want_log_probs,
+            "ignore_eos": request.ignore_eos,
+        }
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        if max_tokens is not None:
+            fields["max_tokens"] = max_tokens
+        elif isinstance(request, CompletionRequest):
+            fields["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
+        return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+
+    def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
+        self._check_common(request)
+        if request.suffix:
+            raise OpenAIError("suffix is not supported", param="suffix")
+        params = self._sampling(request, want_log_probs=request.logprobs is not None)
+        if request.echo:
+            params = params.model_copy(update={"exclude_input_in_output": False})
+        try:
+            return self.generator.prepare(request.prompt, params, new_request_id())  # type: ignore[arg-type]
+        except RequestError as error:
+            raise OpenAIError.from_request_error(error) from None
+
+    def render_chat(self, request: ChatCompletionRequest) -> str:
+        tokenizer = self.generator.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise OpenAIError(
+                "this model's tokenizer has no chat template: use /v1/completions, or pack the "
+                "model with a tokenizer whose tokenizer_config.json has a chat_template",
+                param="messages",
+            )
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            return str(
+                tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=request.add_generation_prompt
+                )
+            )
+        except ValueError as error:
+            raise OpenAIError(str(error), param="messages") from None
+        except Exception as error:  # template errors (jinja2 raise_exception) are user errors
+            raise OpenAIError(
+                f"the chat template rejected the messages: {error}", param="messages"
+            ) from None
+
+    def prepare_chat(self, request: ChatCompletionRequest) -> PreparedRequest:
+        self._check_common(request)
+        if request.top_logprobs:
+            raise OpenAIError(
+                "top_logprobs is not available: TensorRT-LLM returns the chosen token's log "
+                "probability only (use logprobs=true)",
+                param="top_logprobs",
+            )
+        prompt = self.render_chat(request)
+        params = self._sampling(request, want_log_probs=request.logprobs)
+        try:
+            # The template already holds the special tokens (BOS) the model expects.
+            return self.generator.prepare(
+                prompt, params, new_request_id(), add_special_tokens=False,
+                max_tokens_cap=CHAT_MAX_TOKENS_CAP,
+            )  # fmt: skip
+        except RequestError as error:
+            raise OpenAIError.from_request_error(error) from None
+
+    # -- running -----------------------------------------------------------------------------
+    async def _accumulate(self, prepared: PreparedRequest, with_tokens: bool) -> _Accumulated:
+        result = _Accumulated(
+            tokens=[] if with_tokens else None, log_probs=[] if with_tokens else None
+        )
+        texts: list[str] = []
+        async with aclosing(self.generator.stream(prepared)) as chunks:
+            async for chunk in chunks:
+                texts.append(chunk.text)
+                result.completion_tokens += len(chunk.token_ids)
+                if with_tokens and chunk.log_probs:
+                    assert result.tokens is not None and result.log_probs is not None
+                    result.tokens += self._token_strings(chunk.token_ids)
+                    result.log_probs += chunk.log_probs
+                if chunk.finish_reason is not None:
+                    result.finish_reason = _finish(chunk.finish_reason)
+        result.text = "".join(texts)
+        return result
+
+    def _token_strings(self, token_ids: list[int]) -> list[str]:
+        return [self.generator.tokenizer.decode([t]) for t in token_ids]
+
+    def _usage(self, prepared: PreparedRequest, completion_tokens: int) -> Usage:
+        prompt = len(prepared.prompt_ids)
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt + completion_tokens,
+        )
+
+    async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
+        want = prepared.params.return_log_probs
+        result = await self._accumulate(prepared, want)
+        logprobs = (
+            {"tokens": result.tokens, "token_logprobs": result.log_probs, "top_logprobs": None}
+            if want
+            else None
+        )
+        return CompletionResponse(
+            id=f"cmpl-{prepared.request_id}",
+            model=self.model_name,
+            choices=[
+                CompletionChoice(
+                    text=result.text, finish_reason=result.finish_reason, logprobs=logprobs
+                )
+            ],
+            usage=self._usage(prepared, result.completion_tokens),
+        )
+
+    async def chat(self, prepared: PreparedRequest) -> ChatCompletionResponse:
+        want = prepared.params.return_log_probs
+        result = await self._accumulate(prepared, want)
+        return ChatCompletionResponse(
+            id=f"chatcmpl-{prepared.request_id}",
+            model=self.model_name,
+            choices=[
+                ChatChoice(
+                    message=AssistantMessage(content=result.text),
+                    finish_reason=result.finish_reason,
+                    logprobs=self._chat_log_probs(result.tokens, result.log_probs)
+                    if want
+                    else None,
+                )
+            ],
+            usage=self._usage(prepared, result.completion_tokens),
+        )
+
+    @staticmethod
+    def _chat_log_probs(tokens: list[str] | None, log_probs: list[float] | None) -> dict[str, Any]:
+        pairs = zip(tokens or [], log_probs or [], strict=False)
+        return {
+            "content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in pairs
+            ]
+        }
+
+    async def _events(self, prepared: PreparedRequest) -> AsyncIterator[_Event]:
+        """Chunks with text (or the finish reason), carrying the tokens behind that text.
+
+        Tokens whose text is still held back (a partial character) travel with the next text.
+        """
+        pending_ids: list[int] = []
+        pending_log_probs: list[float] = []
+        async with aclosing(self.generator.stream(prepared)) as chunks:
+            async for chunk in chunks:
+                pending_ids += chunk.token_ids
+                pending_log_probs += chunk.log_probs or []
+                if chunk.text or chunk.finish_reason is not None:
+                    yield _Event(
+                        chunk.text, _finish(chunk.finish_reason), pending_ids, pending_log_probs
+                    )
+                    pending_ids, pending_log_probs = [], []
+
+    async def stream_completion(
+        self, prepared: PreparedRequest, include_usage: bool
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+        request_id = f"cmpl-{prepared.request_id}"
+        want = prepared.params.return_log_probs
+        completion_tokens = 0
+        async with aclosing(self._events(prepared)) as events:
+            async for event in events:
+                completion_tokens += len(event.token_ids)
+                logprobs = (
+                    {
+                        "tokens": self._token_strings(event.token_ids),
+                        "token_logprobs": event.log_probs,
+                        "top_logprobs": None,
+                    }
+                    if want and event.token_ids
+                    else None
+                )
+                choice = CompletionChoice(
+                    text=event.text, finish_reason=event.finish_reason, logprobs=logprobs
+                )
+                yield sse(
+                    CompletionResponse(
+                        id=request_id, created=created, model=self.model_name, choices=[choice]
+                    )
+                )
+        if include_usage:
+            yield sse(
+                CompletionResponse(
+                    id=request_id, created=created, model=self.model_name, choices=[],
+                    usage=self._usage(prepared, completion_tokens),
+                )
+            )  # fmt: skip
+        yield SSE_DONE
+
+    async def stream_chat(
+        self, prepared: PreparedRequest, include_usage: bool
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+        request_id = f"chatcmpl-{prepared.request_id}"
+        want = prepared.params.return_log_probs
+
+        def chunk_of(delta: ChatDelta, finish: str | None = None, logprobs: Any = None) -> str:
+            choice = ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+            return sse(
+                ChatCompletionChunk(
+                    id=request_id, created=created, model=self.model_name, choices=[choice]
+                )
+            )
+
+        yield chunk_of(ChatDelta(role="assistant", content=""))
+        completion_tokens = 0
+        async with aclosing(self._events(prepared)) as events:
+            async for event in events:
+                completion_tokens += len(event.token_ids)
+                logprobs = (
+                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
+                    if want and event.token_ids
+                    else None
+                )
+                yield chunk_of(ChatDelta(content=event.text), event.finish_reason, logprobs)
+        if include_usage:
+            yield sse(
+                ChatCompletionChunk(
+                    id=request_id, created=created, model=self.model_name, choices=[],
+                    usage=self._usage(prepared, completion_tokens),
+                )
+            )  # fmt: skip
+        yield SSE_DONE

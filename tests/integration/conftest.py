@@ -1,0 +1,149 @@
+"""Fixtures that start real processes: packed models in a private model store and a real
+`bentoml serve` on a free loopback port. Every process started here is stopped here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tensorrtllm_backend.server import find_free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import pack_model  # noqa: E402
+
+
+def pack(*args: str) -> str:
+    """Run pack_model in-process; returns the stored tag."""
+    parsed = pack_model.build_parser().parse_args([*args, "--no-progress"])
+    tag = pack_model.run(parsed)
+    assert tag is not None
+    return tag
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> str:
+    return pack("--demo", "--max-input-len", "256", "--max-seq-len", "512")
+
+
+@pytest.fixture(scope="session")
+def synthetic_model() -> str:
+    return pack("--synthetic", "--itl-ms", "2", "--max-input-len", "256", "--max-seq-len", "1024")
+
+
+def tritons_under(pid: int) -> list[psutil.Process]:
+    """tritonserver and python stubs started (transitively) by pid."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in children if _is_triton(p)]
+
+
+def _is_triton(process: psutil.Process) -> bool:
+    try:
+        name = " ".join(process.cmdline()[:1])
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False
+    return "tritonserver" in name or "triton_python_backend_stub" in name
+
+
+@dataclass
+class BentoServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tritons(self) -> list[psutil.Process]:
+        return tritons_under(self.process.pid)
+
+    def stop(self, timeout: float = 30.0) -> list[psutil.Process]:
+        """SIGTERM the server; return the triton processes it had, for leak checks."""
+        started = self.tritons()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return started
+
+
+def start_bento_server(
+    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 180.0
+) -> BentoServer:
+    port = find_free_port()
+    log_path = tmp_path / f"bentoml-{port}.log"
+    environment = {**os.environ, "TRTLLM_MODEL": model_tag, **(env or {})}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
+             "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    server = BentoServer(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"bentoml serve exited early:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise AssertionError(f"bentoml serve not ready after {timeout}s:\n{server.log()[-4000:]}")
+
+
+@pytest.fixture
+def bento_server_factory(tmp_path: Path) -> Iterator[Callable[..., BentoServer]]:
+    servers: list[BentoServer] = []
+
+    def factory(model_tag: str, env: dict[str, str] | None = None) -> BentoServer:
+        server = start_bento_server(model_tag, tmp_path, env)
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_server(demo_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoServer]:
+    server = start_bento_server(demo_model, tmp_path_factory.mktemp("demo-server"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def synthetic_metrics_server(
+    synthetic_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BentoServer, int]]:
+    """A dedicated server of the synthetic model whose tritonserver exposes its metrics on a known
+    port (for engine counters); tests may stop it (stop() is idempotent)."""
+    metrics_port = find_free_port()
+    server = start_bento_server(
+        synthetic_model,
+        tmp_path_factory.mktemp("synthetic-metrics-server"),
+        env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
+    )
+    yield server, metrics_port
+    server.stop()
