@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse
 from tensorrtllm_backend.deployment import model_tag, resources
 from tensorrtllm_backend.errors import as_api_error, error_response
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
+from tensorrtllm_backend.guard import GuardMiddleware
 from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
@@ -47,7 +48,7 @@ openai_app = build_openai_app(_current_openai)
     name="trtllm",
     workers=1,  # one worker owns the one tritonserver
     resources=resources(MODEL_TAG),
-    traffic={"timeout": 600, "max_concurrency": 1024},
+    traffic={"timeout": 600},  # the in-flight bound is GuardMiddleware's (429 + Retry-After)
 )
 class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
@@ -104,3 +105,6 @@ class TRTLLM:
             response: JSONResponse = error_response(error)
             return response  # type: ignore[return-value]
         return result.to_response()
+
+
+TRTLLM.add_asgi_middleware(GuardMiddleware)

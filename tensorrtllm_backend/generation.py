@@ -15,6 +15,7 @@ from typing import Any
 
 from .client import TritonLLMClient
 from .engine import EngineInfo
+from .metrics import GenerationMetrics
 from .schemas import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 from .tokenization import IncrementalDetokenizer, StopStringMatcher, encode_word_lists
 from .translation import (
@@ -70,6 +71,7 @@ class PreparedRequest:
     prompt: str
     params: SamplingParams
     prompt_ids: list[int]
+    api: str = "native"  # metrics label
 
 
 def new_request_id() -> str:
@@ -86,8 +88,10 @@ class Generator:
         tokenizer: Any,
         limits: EngineLimits,
         route: Route = Route.DIRECT,
+        metrics: GenerationMetrics | None = None,
     ) -> None:
         self.client = client
+        self.metrics = metrics
         self.tokenizer = tokenizer
         self.limits = limits
         self.route = route
@@ -105,6 +109,7 @@ class Generator:
         *,
         add_special_tokens: bool = True,
         max_tokens_cap: int | None = None,
+        api: str = "native",
     ) -> PreparedRequest:
         """Tokenize and check every engine limit before Triton sees the request.
 
@@ -143,10 +148,20 @@ class Generator:
             )
         if self.route is Route.DIRECT and params.end_id is None and self._eos_id is None:
             raise RequestError("the tokenizer has no end token: pass end_id", param="end_id")
-        return PreparedRequest(request_id or new_request_id(), prompt, params, list(prompt_ids))
+        return PreparedRequest(
+            request_id or new_request_id(), prompt, params, list(prompt_ids), api
+        )
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
         """Text chunks as they become final; the last chunk carries the finish reason."""
+        chunks = self._stream(request)
+        if self.metrics is not None:
+            chunks = self.metrics.observe(request.api, len(request.prompt_ids), chunks)
+        async with aclosing(chunks) as observed:
+            async for chunk in observed:
+                yield chunk
+
+    async def _stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
         params = request.params
         stops = StopStringMatcher(params.stop)
         if not params.exclude_input_in_output:

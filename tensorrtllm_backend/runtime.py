@@ -14,6 +14,7 @@ from pathlib import Path
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
 from .generation import EngineLimits, Generator, Route
+from .metrics import generation_metrics
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import localize_repository
 from .server import TritonServerConfig, TritonSupervisor
@@ -101,7 +102,11 @@ class LLMRuntime:
         await asyncio.to_thread(self.supervisor.start)
         self._client = TritonLLMClient(self.supervisor.grpc_url)
         self._generator = Generator(
-            self._client, self.tokenizer, EngineLimits.from_engine(self.engine), self.route
+            self._client,
+            self.tokenizer,
+            EngineLimits.from_engine(self.engine),
+            self.route,
+            generation_metrics(),
         )
         logger.info(
             "serving %s through %s (route %s)",

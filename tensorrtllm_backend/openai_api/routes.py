@@ -56,7 +56,9 @@ def _as_openai_error(error: Exception) -> OpenAIError:
 def _validation_message(error: ValidationError) -> tuple[str, str | None]:
     first = error.errors(include_url=False)[0]
     location = ".".join(str(part) for part in first.get("loc", ()))
-    return f"{location}: {first.get('msg')}" if location else str(first.get("msg")), location or None
+    return f"{location}: {first.get('msg')}" if location else str(
+        first.get("msg")
+    ), location or None
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:

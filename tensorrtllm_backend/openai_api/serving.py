@@ -132,7 +132,12 @@ class OpenAIServing:
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
         try:
-            return self.generator.prepare(request.prompt, params, new_request_id())  # type: ignore[arg-type]
+            return self.generator.prepare(
+                request.prompt,
+                params,
+                new_request_id(),
+                api="openai_completions",  # type: ignore[arg-type]
+            )
         except RequestError as error:
             raise OpenAIError.from_request_error(error) from None
 
@@ -172,7 +177,7 @@ class OpenAIServing:
             # The template already holds the special tokens (BOS) the model expects.
             return self.generator.prepare(
                 prompt, params, new_request_id(), add_special_tokens=False,
-                max_tokens_cap=CHAT_MAX_TOKENS_CAP,
+                max_tokens_cap=CHAT_MAX_TOKENS_CAP, api="openai_chat",
             )  # fmt: skip
         except RequestError as error:
             raise OpenAIError.from_request_error(error) from None
