@@ -157,6 +157,7 @@ def plan(
     route: str = "direct",
 ) -> PackPlan:
     """Validate the inputs and decide what to store (raises PackError, writes nothing)."""
+    _check_tag(name)
     try:
         engine = inspect_engine(engine_dir)
         check_runtime_compatibility(engine, runtime_version)
@@ -179,6 +180,15 @@ def plan(
         route=route,
         source=source,
     )
+
+
+def _check_tag(name: str, version: str | None = None) -> None:
+    from bentoml._internal.tag import Tag
+
+    try:
+        Tag(name, version)
+    except ValueError as error:
+        raise PackError(f"invalid model name/tag {name}:{version or ''}: {error}") from error
 
 
 def _link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
@@ -233,6 +243,7 @@ def store(pack: PackPlan, version: str | None = None, show_progress: bool = True
     import bentoml
     from bentoml._internal.tag import Tag
 
+    _check_tag(pack.name, version)
     tag = Tag(pack.name, version) if version else Tag(pack.name).make_new_version()
     try:
         bentoml.models.get(str(tag))

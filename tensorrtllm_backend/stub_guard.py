@@ -1,31 +1,61 @@
-"""Make a Triton python-backend stub exit when its tritonserver dies.
+"""Kill this Triton python stub if it outlives tritonserver.
 
-A stub whose tritonserver was SIGKILLed can linger (seen here: minutes, while a model thread is
-busy). Each of our model.py files calls :func:`exit_with_parent` in ``initialize``: a daemon
-thread notices the re-parenting and ends the process.
+The stub exits by itself when its parent dies, unless a Python thread is inside an IPC call to
+the (now dead) parent at that moment: the call never returns, holds the GIL, and the stub's own
+shutdown deadlocks behind it (seen here with a pb_utils Metric.set() in flight: the orphan stayed
+forever). No Python-level watchdog can run without the GIL, so the guard is a tiny /bin/sh
+process: once the stub's parent changes (tritonserver gone) it waits `grace_s` for a normal
+exit, then SIGKILLs the stub. It ends on its own when the stub ends.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
+import shutil
+import subprocess
 
-_started = False
+_SCRIPT = """
+stub=$1 parent=$2 grace=$3
+while [ -e /proc/$stub ]; do
+  read -r _ _ state ppid _ < /proc/$stub/stat || exit 0
+  [ "$state" = Z ] && exit 0
+  if [ "$ppid" != "$parent" ]; then
+    sleep "$grace"
+    kill -9 "$stub" 2>/dev/null
+    exit 0
+  fi
+  sleep 1
+done
+"""
 
 
-def exit_with_parent(poll_s: float = 1.0) -> None:
-    """Idempotent; costs one wake-up per `poll_s`."""
-    global _started
-    if _started:
+def start_orphan_guard(grace_s: float = 10.0) -> subprocess.Popen[bytes] | None:
+    """Start the guard for the current process (the stub); None where it cannot run."""
+    shell = shutil.which("sh") or "/bin/sh"
+    if not os.path.exists(f"/proc/{os.getpid()}/stat") or not os.path.exists(shell):
+        return None
+    return subprocess.Popen(
+        [
+            shell,
+            "-c",
+            _SCRIPT,
+            "triton-stub-orphan-guard",
+            str(os.getpid()),
+            str(os.getppid()),
+            str(grace_s),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+    )
+
+
+def stop_orphan_guard(guard: subprocess.Popen[bytes] | None) -> None:
+    if guard is None:
         return
-    _started = True
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+    guard.kill()
+    try:
+        guard.wait(timeout=2)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass

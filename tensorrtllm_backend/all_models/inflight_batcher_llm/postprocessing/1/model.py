@@ -30,7 +30,7 @@ from tensorrtllm_backend.bls.params import (  # noqa: E402
     parse_bool,
     resolve_model_path,
 )
-from tensorrtllm_backend.stub_guard import exit_with_parent  # noqa: E402
+from tensorrtllm_backend.stub_guard import start_orphan_guard  # noqa: E402
 from tensorrtllm_backend.tokenization import IncrementalDetokenizer, load_tokenizer  # noqa: E402
 
 
@@ -38,7 +38,7 @@ class TritonPythonModel:
     """Decodes every request of a batch; errors stay per request."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        exit_with_parent()
+        self._orphan_guard = start_orphan_guard()  # exits with the stub
         config = json.loads(args["model_config"])
         tokenizer_dir = model_parameter(config, "tokenizer_dir")
         if tokenizer_dir is None:

@@ -25,7 +25,7 @@ from tensorrtllm_backend.bls.params import (  # noqa: E402
     parse_bool,
     resolve_model_path,
 )
-from tensorrtllm_backend.stub_guard import exit_with_parent  # noqa: E402
+from tensorrtllm_backend.stub_guard import start_orphan_guard  # noqa: E402
 from tensorrtllm_backend.tokenization import (  # noqa: E402
     build_embedding_bias,
     encode_word_lists,
@@ -52,7 +52,7 @@ class TritonPythonModel:
     """Tokenizes each request on its own; a bad request never fails its batch neighbours."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        exit_with_parent()
+        self._orphan_guard = start_orphan_guard()  # exits with the stub
         config = json.loads(args["model_config"])
         repository = args["model_repository"]
         tokenizer_dir = model_parameter(config, "tokenizer_dir")

@@ -38,7 +38,7 @@ from tensorrtllm_backend.bls.pipeline import (  # noqa: E402
     UNSUPPORTED_INPUTS,
     TextStream,
 )
-from tensorrtllm_backend.stub_guard import exit_with_parent  # noqa: E402
+from tensorrtllm_backend.stub_guard import start_orphan_guard  # noqa: E402
 from tensorrtllm_backend.tokenization import load_tokenizer  # noqa: E402
 
 PREPROCESSING_MODEL = "preprocessing"
@@ -78,7 +78,7 @@ class TritonPythonModel:
     """Text in, text out, streamed, with stop strings and cancellation."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        exit_with_parent()
+        self._orphan_guard = start_orphan_guard()  # exits with the stub
         self.model_config = json.loads(args["model_config"])
         repository = args["model_repository"]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)

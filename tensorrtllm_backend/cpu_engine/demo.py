@@ -1,0 +1,119 @@
+"""Build the demo checkpoint offline: a byte-level BPE tokenizer trained on the shipped corpus and a
+tiny random-weight Llama, both loadable with AutoTokenizer / AutoModelForCausalLM.
+
+Nothing is downloaded, so tests and CI get a real transformers model in a few seconds.
+Usage: python -m tensorrtllm_backend.cpu_engine.demo OUT_DIR [--engine-dir ENGINE_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+CORPUS = Path(__file__).with_name("corpus.txt")
+VOCAB_SIZE = 2048
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"  # ids 0, 1, 2
+SEED = 0
+
+# Renders system/user/assistant turns; each turn ends with </s>. No BOS: the tokenizer's
+# post-processor adds <s> when text is encoded with add_special_tokens=True.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}" + EOS + "\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def train_tokenizer(corpus: Path = CORPUS, vocab_size: int = VOCAB_SIZE):
+    """Byte-level BPE: every UTF-8 string round-trips, multi-byte characters included."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train([str(corpus)], trainer)
+    bos_id = tokenizer.token_to_id(BOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tokenizer
+
+
+def build_demo_checkpoint(out_dir: Path) -> Path:
+    """Write tokenizer + tiny Llama (safetensors) into out_dir, deterministically. Returns out_dir."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(),
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=None,
+        padding_side="left",
+        model_max_length=2048,
+    )
+    hf_tokenizer.chat_template = CHAT_TEMPLATE
+    hf_tokenizer.save_pretrained(str(out))
+    # transformers 5 writes chat_template.jinja; older readers look in tokenizer_config.json.
+    config_file = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # known to transformers 4.x too
+    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+
+    config = LlamaConfig(
+        vocab_size=len(hf_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.2,  # peaked logits: greedy ties are unlikely, outputs vary by prompt
+        bos_token_id=hf_tokenizer.bos_token_id,
+        eos_token_id=hf_tokenizer.eos_token_id,
+        pad_token_id=hf_tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model.save_pretrained(str(out))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out_dir", type=Path, help="where to write the checkpoint")
+    parser.add_argument(
+        "--engine-dir", type=Path, help="also write an hf-mode CPU engine dir packing it"
+    )
+    args = parser.parse_args(argv)
+    ckpt = build_demo_checkpoint(args.out_dir)
+    print(f"demo checkpoint: {ckpt}")
+    if args.engine_dir is not None:
+        from .config import write_engine_dir
+
+        model_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+        write_engine_dir(
+            args.engine_dir,
+            mode="hf",
+            checkpoint_dir=ckpt,
+            vocab_size=model_config["vocab_size"],
+            eos_token_id=model_config["eos_token_id"],
+        )
+        print(f"CPU engine dir: {args.engine_dir}")
+
+
+if __name__ == "__main__":
+    main()

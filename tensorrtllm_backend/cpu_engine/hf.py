@@ -1,0 +1,141 @@
+"""hf backend: a local transformers causal LM on CPU with per-request KV caches.
+
+Joining requests are prefilled one by one; all other active requests decode together in ONE
+batched forward per step: their caches are left-padded to a common length, masked, given
+per-request position ids, and split back afterwards. Torch and transformers are imported here
+only, so the synthetic mode never pays for them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .request import GenRequest
+from .sampling import select_token
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, len, dim]
+
+
+@dataclass(slots=True)
+class _SeqState:
+    generator: torch.Generator
+    kv: KV | None = None
+    length: int = 0  # tokens held in kv
+
+
+def default_num_threads() -> int:
+    """Half the cores: the other half serves Triton, the stubs and the BentoML process."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+class HFBackend:
+    """Scheduler backend running a transformers model; delays come from real compute."""
+
+    ttft_s = 0.0
+    itl_s = 0.0
+
+    def __init__(self, checkpoint_dir: str | Path, *, num_threads: int | None = None) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(num_threads or default_num_threads())
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(checkpoint_dir), local_files_only=True, dtype=torch.float32
+        )
+        self.model.eval()
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+    # -- Backend protocol ---------------------------------------------------------------------
+    def admit(self, req: GenRequest) -> None:
+        for token in req.prompt:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"token id {token} outside the vocabulary [0, {self.vocab_size})")
+        if not req.prompt:
+            raise ValueError("empty prompt")
+        if self.max_positions and len(req.prompt) + req.max_new_tokens > self.max_positions:
+            raise ValueError(
+                f"prompt + output length {len(req.prompt) + req.max_new_tokens} exceeds the "
+                f"model's max_position_embeddings {self.max_positions}"
+            )
+        generator = torch.Generator().manual_seed(int(req.sampling.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        req.backend_state = _SeqState(generator=generator)
+
+    def release(self, req: GenRequest) -> None:
+        req.backend_state = None
+
+    @torch.inference_mode()
+    def step(self, batch: list[GenRequest]) -> list[tuple[int, float]]:
+        results: dict[int, tuple[int, float]] = {}
+        decoding: list[GenRequest] = []
+        positions: list[int] = []
+        for i, req in enumerate(batch):
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            if state.kv is None:
+                logits = self._prefill(req, state)
+                results[i] = select_token(logits, req, state.generator)
+            else:
+                decoding.append(req)
+                positions.append(i)
+        if decoding:
+            rows = self._decode(decoding)
+            for i, req, logits in zip(positions, decoding, rows, strict=True):
+                results[i] = select_token(logits, req, req.backend_state.generator)  # type: ignore[union-attr]
+        return [results[i] for i in range(len(batch))]
+
+    # -- model calls ---------------------------------------------------------------------------
+    def _prefill(self, req: GenRequest, state: _SeqState) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        ids = torch.tensor([req.prompt], dtype=torch.long)
+        out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
+        state.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        state.length = len(req.prompt)
+        return out.logits[0, -1]
+
+    def _decode(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
+        """One batched forward of each request's last token over its left-padded cache."""
+        from transformers import DynamicCache
+
+        states: list[_SeqState] = [r.backend_state for r in reqs]  # type: ignore[misc]
+        lengths = [s.length for s in states]
+        longest = max(lengths)
+        batch = len(reqs)
+        n_layers = len(states[0].kv)  # type: ignore[arg-type]
+        layers = []
+        for layer in range(n_layers):
+            keys, values = [], []
+            for s in states:
+                k, v = s.kv[layer]  # type: ignore[index]
+                pad = longest - s.length
+                if pad:
+                    k = torch.nn.functional.pad(k, (0, 0, pad, 0))
+                    v = torch.nn.functional.pad(v, (0, 0, pad, 0))
+                keys.append(k)
+                values.append(v)
+            layers.append((torch.cat(keys), torch.cat(values)))
+        mask = torch.ones((batch, longest + 1), dtype=torch.long)
+        for row, length in enumerate(lengths):
+            mask[row, : longest - length] = 0
+        input_ids = torch.tensor([[r.generated[-1]] for r in reqs], dtype=torch.long)
+        position_ids = torch.tensor([[length] for length in lengths], dtype=torch.long)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=DynamicCache(layers),
+            use_cache=True,
+        )
+        new_layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        for row, s in enumerate(states):
+            start = longest - s.length
+            s.kv = [
+                (k[row : row + 1, :, start:].contiguous(), v[row : row + 1, :, start:].contiguous())
+                for k, v in new_layers
+            ]
+            s.length += 1
+        return [out.logits[row, -1] for row in range(batch)]

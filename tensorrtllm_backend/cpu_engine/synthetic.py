@@ -1,0 +1,112 @@
+"""Synthetic backend: deterministic tokens with configurable first-token and inter-token delays.
+
+No torch, no numpy: the per-step cost is a few integer operations per request, so load tests
+measure the serving path rather than this engine.
+
+Token formula (documented so tests can predict outputs): with
+    h    = prompt_hash(prompt)        = sum((i + 1) * (id + 1) for i, id in enumerate(prompt)) mod 2**31
+    span = vocab_size - FIRST_ID      (ids below FIRST_ID = 3 are left to special tokens)
+the token at generation step t (0-based) is
+    FIRST_ID + (h + 7 * seed + STRIDE * t) mod span
+and, if that id is the engine's eos_token_id or banned for this step (bad words, end_id before
+min_tokens), the next id upwards (wrapping within [FIRST_ID, vocab_size)) that is allowed.
+seed = the engine config's seed + the request's seed. Log probs are 0.0 (log 1: the engine is
+certain of each token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .request import GenRequest
+
+FIRST_ID = 3
+STRIDE = 37
+
+
+def prompt_hash(prompt: Iterable[int]) -> int:
+    return sum((i + 1) * (int(t) + 1) for i, t in enumerate(prompt)) % (2**31)
+
+
+def synthetic_token(
+    h: int,
+    step: int,
+    *,
+    seed: int,
+    vocab_size: int,
+    eos_token_id: int,
+    banned: Iterable[int] = (),
+) -> int:
+    """The token at step `step` for a prompt with hash `h` (see the module docstring)."""
+    span = vocab_size - FIRST_ID
+    offset = (h + 7 * seed + STRIDE * step) % span
+    banned_set = set(banned)
+    banned_set.add(eos_token_id)
+    for _ in range(span):
+        token = FIRST_ID + offset
+        if token not in banned_set:
+            return token
+        offset = (offset + 1) % span
+    raise ValueError("every token is banned")
+
+
+def predict_tokens(
+    prompt: list[int], n: int, *, vocab_size: int, eos_token_id: int, seed: int = 0
+) -> list[int]:
+    """The first n tokens the synthetic engine produces for `prompt` when nothing is banned."""
+    h = prompt_hash(prompt)
+    return [
+        synthetic_token(h, t, seed=seed, vocab_size=vocab_size, eos_token_id=eos_token_id)
+        for t in range(n)
+    ]
+
+
+class SyntheticBackend:
+    """Scheduler backend; delays are applied by the scheduler through ttft_s / itl_s."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        eos_token_id: int,
+        ttft_ms: float = 0.0,
+        itl_ms: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if vocab_size <= FIRST_ID + 1:
+            raise ValueError(f"vocab_size must be > {FIRST_ID + 1}")
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.ttft_s = ttft_ms / 1000.0
+        self.itl_s = itl_ms / 1000.0
+        self.seed = seed
+        self._span = vocab_size - FIRST_ID
+
+    def admit(self, req: GenRequest) -> None:
+        for token in req.prompt:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"token id {token} outside the vocabulary [0, {self.vocab_size})")
+        req.backend_state = prompt_hash(req.prompt) + 7 * (self.seed + req.sampling.seed)
+
+    def step(self, batch: list[GenRequest]) -> list[tuple[int, float]]:
+        span = self._span
+        eos = self.eos_token_id
+        out: list[tuple[int, float]] = []
+        for req in batch:
+            token = FIRST_ID + (req.backend_state + STRIDE * len(req.generated)) % span
+            if token == eos or req.bad_words or req.min_tokens:
+                banned = req.banned_tokens()
+                if token == eos or token in banned:
+                    token = synthetic_token(
+                        req.backend_state,
+                        len(req.generated),
+                        seed=0,
+                        vocab_size=self.vocab_size,
+                        eos_token_id=eos,
+                        banned=banned,
+                    )
+            out.append((token, 0.0))
+        return out
+
+    def release(self, req: GenRequest) -> None:
+        req.backend_state = None

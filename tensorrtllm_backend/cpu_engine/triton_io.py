@@ -1,0 +1,183 @@
+"""Triton tensors of a tensorrt_llm request -> GenRequest keyword arguments, one set per row.
+
+A request may carry several sequences (batch dim B > 1, e.g. the ensemble fed a batch of
+prompts): each row becomes its own GenRequest and its responses carry batch_index = row.
+Per-request scalars arrive as [B, 1] (or [B] with reshape []); a single value is broadcast.
+pb_utils only exists inside the Triton python stub, so it is passed in rather than imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .request import SamplingParams, parse_word_list
+
+
+class RequestError(ValueError):
+    """A request the engine rejects; reported to that request only."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    rows: list[dict[str, Any]]  # GenRequest keyword arguments (without sink), one per sequence
+    streaming: bool
+    perf_metrics: bool  # return_perf_metrics: add the *_time_ns outputs to final responses
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_input_len: int
+    max_seq_len: int
+    max_beam_width: int
+    vocab_size: int
+    default_end_id: int | None
+    exclude_input_in_output: bool
+
+
+class _Inputs:
+    """Reads a request's optional inputs and spreads per-request values over its rows."""
+
+    def __init__(self, pb: Any, request: Any, batch: int) -> None:
+        self._pb = pb
+        self._request = request
+        self.batch = batch
+
+    def array(self, name: str) -> np.ndarray | None:
+        tensor = self._pb.get_input_tensor_by_name(self._request, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    def rows(self, name: str, default: Any) -> list[Any]:
+        """One value per row: absent -> default, one value -> broadcast, else [B, 1] or [B]."""
+        value = self.array(name)
+        if value is None or value.size == 0:
+            return [default] * self.batch
+        if value.size == 1:
+            return [value.reshape(-1)[0].item()] * self.batch
+        if value.size != self.batch:
+            raise RequestError(
+                f"input '{name}' must hold one value per sequence ({self.batch}), "
+                f"got shape {value.shape}"
+            )
+        return value.reshape(-1).tolist()
+
+    def word_lists(self, name: str) -> list[list[list[int]]]:
+        value = self.array(name)
+        if value is None or value.size == 0:
+            return [[] for _ in range(self.batch)]
+        if value.ndim == 2:
+            value = value[None]
+        if value.ndim != 3 or value.shape[1] != 2 or value.shape[0] not in (1, self.batch):
+            raise RequestError(f"input '{name}' must have shape [batch, 2, L], got {value.shape}")
+        try:
+            lists = [parse_word_list(row[0].tolist(), row[1].tolist()) for row in value]
+        except ValueError as exc:
+            raise RequestError(f"input '{name}': {exc}") from exc
+        return lists * self.batch if len(lists) == 1 else lists
+
+
+def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
+    """Validate one tensorrt_llm request (all rows, or RequestError for the whole request)."""
+    get = pb.get_input_tensor_by_name
+    ids_tensor = get(request, "input_ids")
+    if ids_tensor is None:
+        raise RequestError("input 'input_ids' is required by the CPU engine")
+    input_ids = ids_tensor.as_numpy()
+    if input_ids.ndim == 1:
+        input_ids = input_ids[None]
+    if input_ids.ndim != 2 or input_ids.shape[0] < 1:
+        raise RequestError(f"input_ids must have shape [batch, len], got {input_ids.shape}")
+    inputs = _Inputs(pb, request, input_ids.shape[0])
+    lengths = inputs.rows("input_lengths", input_ids.shape[1])
+    output_lens = inputs.rows("request_output_len", None)
+    if output_lens[0] is None:
+        raise RequestError("input 'request_output_len' is required")
+    for name, limit in (("beam_width", limits.max_beam_width), ("num_return_sequences", 1)):
+        for value in inputs.rows(name, 1):
+            if int(value) > limit:
+                raise RequestError(f"{name} {int(value)} exceeds the engine's limit {limit}")
+            if int(value) != 1:
+                raise RequestError(f"the CPU engine supports {name} 1 only")
+
+    end_ids = inputs.rows("end_id", limits.default_end_id)
+    pad_ids = inputs.rows("pad_id", None)
+    min_tokens = inputs.rows("min_tokens", None)
+    if min_tokens[0] is None:
+        min_tokens = inputs.rows("min_length", 0)  # v0.8 / v0.19 name
+    seeds = inputs.rows("seed", None)
+    if seeds[0] is None:
+        seeds = inputs.rows("random_seed", 0)  # v0.8 / v0.19 name
+    temperature = inputs.rows("temperature", 1.0)
+    top_k = inputs.rows("runtime_top_k", 0)
+    top_p = inputs.rows("runtime_top_p", 0.0)
+    repetition = inputs.rows("repetition_penalty", 1.0)
+    presence = inputs.rows("presence_penalty", 0.0)
+    frequency = inputs.rows("frequency_penalty", 0.0)
+    stop_words = inputs.word_lists("stop_words_list")
+    bad_words = inputs.word_lists("bad_words_list")
+    # Response-shaping flags are per request (one response stream): row 0 decides.
+    streaming = bool(inputs.rows("streaming", False)[0])
+    exclude = bool(inputs.rows("exclude_input_in_output", limits.exclude_input_in_output)[0])
+    log_probs = bool(inputs.rows("return_log_probs", False)[0])
+    perf = bool(inputs.rows("return_perf_metrics", False)[0])
+    bias = inputs.array("embedding_bias")
+    if bias is not None and bias.size:
+        bias = bias.reshape(bias.shape[0], -1) if bias.ndim > 1 else bias.reshape(1, -1)
+    request_id = request.request_id()
+
+    rows: list[dict[str, Any]] = []
+    for row in range(inputs.batch):
+        input_len, output_len = int(lengths[row]), int(output_lens[row])
+        if not 0 < input_len <= input_ids.shape[1]:
+            raise RequestError(
+                f"input_lengths {input_len} does not fit input_ids of length {input_ids.shape[1]}"
+            )
+        if input_len > limits.max_input_len:
+            raise RequestError(
+                f"prompt length {input_len} exceeds the engine's max_input_len "
+                f"{limits.max_input_len}"
+            )
+        prompt = input_ids[row, :input_len].astype(np.int64)
+        if int(prompt.min()) < 0 or int(prompt.max()) >= limits.vocab_size:
+            raise RequestError(
+                f"input_ids hold token ids outside the vocabulary [0, {limits.vocab_size})"
+            )
+        if output_len <= 0:
+            raise RequestError(f"request_output_len must be positive, got {output_len}")
+        if input_len + output_len > limits.max_seq_len:
+            raise RequestError(
+                f"prompt length {input_len} + request_output_len {output_len} exceeds the "
+                f"engine's max_seq_len {limits.max_seq_len}"
+            )
+        row_bias = None
+        if bias is not None and bias.size:
+            row_bias = bias[row if bias.shape[0] > 1 else 0].tolist()
+        rows.append(
+            {
+                "prompt": prompt.tolist(),
+                "max_new_tokens": output_len,
+                "request_id": request_id,
+                "batch_index": row,
+                "end_id": None if end_ids[row] is None else int(end_ids[row]),
+                "pad_id": None if pad_ids[row] is None else int(pad_ids[row]),
+                "stop_words": stop_words[row],
+                "bad_words": bad_words[row],
+                "min_tokens": int(min_tokens[row]),
+                "streaming": streaming,
+                "exclude_input_in_output": exclude,
+                "return_log_probs": log_probs,
+                "sampling": SamplingParams(
+                    temperature=float(temperature[row]),
+                    top_k=int(top_k[row]),
+                    top_p=float(top_p[row]),
+                    repetition_penalty=float(repetition[row]),
+                    presence_penalty=float(presence[row]),
+                    frequency_penalty=float(frequency[row]),
+                    seed=int(seeds[row]),
+                ),
+                "embedding_bias": row_bias,
+            }
+        )
+    return ParsedRequest(rows=rows, streaming=streaming, perf_metrics=perf)

@@ -1,0 +1,255 @@
+"""Scheduler events -> pb_utils responses with TensorRT-LLM's output shapes.
+
+One ResponseGroup per Triton request; one RowSink (the scheduler's Sink) per sequence in it.
+Decoupled: every row's responses go through the request's response sender, tagged with
+batch_index, and the FINAL flag rides the last response of the last row to finish (as
+TensorRT-LLM sends it with the last response). Not decoupled: rows are merged into one response
+([B, 1, len] padded) that execute() returns.
+Shapes (max_batch_size > 0, beam 1): output_ids [1, 1, n], sequence_length [1, 1],
+cum_log_probs [1, 1], output_log_probs [1, 1, n], batch_index / sequence_index [1, 1].
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from .request import FinishReason, GenRequest
+
+_PERF_OUTPUTS = (
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+)
+_ROW_LEN = {n: np.array([[n]], dtype=np.int32) for n in (0, 1)}  # streaming: reuse, never mutated
+
+
+def _ns(req: GenRequest) -> tuple[int, int, int, int]:
+    return req.arrival_ns, req.first_scheduled_ns, req.first_token_ns, req.last_token_ns
+
+
+class ResponseGroup:
+    """The response side of one Triton request shared by its rows."""
+
+    def __init__(
+        self, pb: Any, request: Any, *, decoupled: bool, rows: int = 1, perf_metrics: bool = False
+    ) -> None:
+        self._pb = pb
+        self._request = request
+        self._sender = request.get_response_sender() if decoupled else None
+        self._lock = threading.Lock()
+        self._pending = rows
+        self._closed = False
+        self._client_cancelled = False
+        self._done = threading.Event()
+        self._results: dict[int, tuple[GenRequest, list[int]] | str] = {}
+        self.perf_metrics = perf_metrics
+        self.response: Any = None  # non-decoupled: what execute() returns
+        # Each output tensor costs time per streamed token: build batch/sequence_index only when
+        # asked for (a client that names no outputs gets all of them, so they are then listed).
+        try:
+            wanted = request.requested_output_names()
+        except Exception:
+            wanted = ("batch_index",)
+        self._want_indices = "batch_index" in wanted or "sequence_index" in wanted
+
+    def set_rows(self, rows: int, perf_metrics: bool) -> None:
+        self._pending = rows
+        self.perf_metrics = perf_metrics
+
+    def sink(self, row: int) -> RowSink:
+        return RowSink(self, row)
+
+    # -- used by RowSink -----------------------------------------------------------------------
+    def emit(
+        self,
+        req: GenRequest,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        row_final: bool,
+    ) -> None:
+        """Decoupled: send one row's response; FINAL when it is the last row's last response."""
+        pb = self._pb
+        n = len(tokens)
+        tensors = [
+            pb.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, n)),
+            pb.Tensor("sequence_length", _ROW_LEN[n] if n < 2 else np.array([[n]], np.int32)),
+        ]
+        if self._want_indices:
+            tensors.append(pb.Tensor("batch_index", np.array([[req.batch_index]], np.int32)))
+            tensors.append(pb.Tensor("sequence_index", np.zeros((1, 1), np.int32)))
+        if logprobs is not None:
+            tensors.append(
+                pb.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, n))
+            )
+            tensors.append(
+                pb.Tensor("cum_log_probs", np.array([[req.cum_logprob]], dtype=np.float32))
+            )
+        if self.perf_metrics and row_final:
+            for name, value in zip(_PERF_OUTPUTS, _ns(req), strict=True):
+                tensors.append(pb.Tensor(name, np.array([[value]], dtype=np.int64)))
+        self._send_decoupled(pb.InferenceResponse(output_tensors=tensors), row_final)
+
+    def row_done(self, req: GenRequest, tokens: list[int] | None, error: str | None) -> None:
+        """A row finished without a data response of its own (decoupled) or with its complete
+        output (not decoupled)."""
+        if self._sender is not None:
+            if error is not None:
+                response = self._pb.InferenceResponse(
+                    output_tensors=[], error=self._pb.TritonError(error)
+                )
+                self._send_decoupled(response, True)
+            else:
+                self._send_decoupled(None, True)
+            return
+        with self._lock:
+            self._results[req.batch_index] = error if error is not None else (req, tokens or [])
+            self._pending -= 1
+            if self._pending > 0 or self._closed:
+                return
+            self._closed = True
+        self.response = self._merged()
+        self._done.set()
+
+    def fail_all(self, message: str) -> None:
+        """The whole request is rejected before any row started."""
+        error = self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(message))
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending = 0
+        if self._sender is not None:
+            self._sender_send(error, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            self.response = error
+            self._done.set()
+
+    def is_cancelled(self) -> bool:
+        if self._client_cancelled:
+            return True
+        source = self._sender if self._sender is not None else self._request
+        try:
+            self._client_cancelled = bool(source.is_cancelled())
+        except Exception:
+            self._client_cancelled = False
+        return self._client_cancelled
+
+    @property
+    def client_cancelled(self) -> bool:
+        return self._client_cancelled
+
+    @property
+    def decoupled(self) -> bool:
+        return self._sender is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Non-decoupled execute(): block until the merged response exists."""
+        return self._done.wait(timeout)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _send_decoupled(self, response: Any, row_final: bool) -> None:
+        flags = 0
+        if row_final:
+            with self._lock:
+                if self._closed:
+                    return
+                self._pending -= 1
+                if self._pending <= 0:
+                    self._closed = True
+                    flags = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        elif self._closed:
+            return
+        if response is None and not flags:
+            return  # a row ended silently while others still run
+        self._sender_send(response, flags)
+
+    def _sender_send(self, response: Any, flags: int) -> None:
+        try:
+            if response is None:
+                self._sender.send(flags=flags)
+            else:
+                self._sender.send(response, flags=flags)
+        except Exception:
+            # The client is gone (cancelled stream): the scheduler drops the rows next poll.
+            self._client_cancelled = True
+
+    def _merged(self) -> Any:
+        """Non-decoupled: all rows in one response, output_ids [B, 1, max_len] padded."""
+        pb = self._pb
+        rows = [self._results[i] for i in sorted(self._results)]
+        for result in rows:
+            if isinstance(result, str):
+                return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(result))
+        width = max(len(tokens) for _, tokens in rows)  # type: ignore[misc]
+        lp_width = max(len(req.logprobs) for req, _ in rows)  # type: ignore[misc]
+        batch = len(rows)
+        ids = np.zeros((batch, 1, width), dtype=np.int32)
+        lengths = np.zeros((batch, 1), dtype=np.int32)
+        cum = np.zeros((batch, 1), dtype=np.float32)
+        logprobs = np.zeros((batch, 1, lp_width), dtype=np.float32)
+        perf = np.zeros((len(_PERF_OUTPUTS), batch, 1), dtype=np.int64)
+        for b, (req, tokens) in enumerate(rows):  # type: ignore[misc]
+            pad = req.pad_id if req.pad_id is not None else (req.end_id or 0)
+            ids[b, 0, :] = pad
+            ids[b, 0, : len(tokens)] = tokens
+            lengths[b, 0] = len(tokens)
+            cum[b, 0] = req.cum_logprob
+            logprobs[b, 0, : len(req.logprobs)] = req.logprobs
+            perf[:, b, 0] = _ns(req)
+        tensors = [
+            pb.Tensor("output_ids", ids),
+            pb.Tensor("sequence_length", lengths),
+            pb.Tensor("batch_index", np.arange(batch, dtype=np.int32).reshape(batch, 1)),
+            pb.Tensor("sequence_index", np.zeros((batch, 1), np.int32)),
+        ]
+        if rows[0][0].return_log_probs:  # type: ignore[index,union-attr]
+            tensors.append(pb.Tensor("cum_log_probs", cum))
+            tensors.append(pb.Tensor("output_log_probs", logprobs))
+        if self.perf_metrics:
+            for name, values in zip(_PERF_OUTPUTS, perf, strict=True):
+                tensors.append(pb.Tensor(name, values))
+        return pb.InferenceResponse(output_tensors=tensors)
+
+
+class RowSink:
+    """The scheduler's Sink for one sequence of a request."""
+
+    __slots__ = ("_group", "_row")
+
+    def __init__(self, group: ResponseGroup, row: int) -> None:
+        self._group = group
+        self._row = row
+
+    def send_tokens(
+        self, req: GenRequest, tokens: list[int], logprobs: list[float] | None, final: bool
+    ) -> None:
+        self._group.emit(req, tokens, logprobs, final)
+
+    def finish(self, req: GenRequest, reason: FinishReason) -> None:
+        group = self._group
+        if req.streaming:
+            if reason is FinishReason.CANCELLED:
+                if group.client_cancelled:
+                    group.row_done(req, None, None)  # nobody listens: just release
+                else:  # stop=true: end the stream with an empty final response
+                    group.emit(req, [], [] if req.return_log_probs else None, True)
+            return  # other reasons: the final data response was already sent
+        if reason is FinishReason.CANCELLED and group.client_cancelled:
+            group.row_done(req, None, None)
+            return
+        tokens = req.generated if req.exclude_input_in_output else req.prompt + req.generated
+        if group.decoupled:
+            # Log probs cover the generated tokens only, also when the prompt is returned.
+            group.emit(req, tokens, req.logprobs if req.return_log_probs else None, True)
+        else:
+            group.row_done(req, tokens, None)
+
+    def fail(self, req: GenRequest, message: str) -> None:
+        self._group.row_done(req, None, message)
+
+    def is_cancelled(self) -> bool:
+        return self._group.is_cancelled()

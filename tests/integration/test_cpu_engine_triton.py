@@ -1,0 +1,493 @@
+"""The CPU engine behind a real tritonserver (python backend, the filled tensorrt_llm template),
+driven with tritonclient.grpc.aio: streaming, non-streaming, concurrency, cancellation, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+grpcclient = pytest.importorskip("tritonclient.grpc.aio")
+from tritonclient.grpc import InferInput, InferRequestedOutput  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tensorrtllm_backend.cpu_engine.config import write_engine_dir  # noqa: E402
+from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens  # noqa: E402
+from tensorrtllm_backend.repository import fill_repository  # noqa: E402
+from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+VOCAB = 2048
+EOS = 2
+FAST = "tensorrt_llm"  # synthetic, ITL 0, max_input_len 64
+SLOW = "trtllm_slow"  # synthetic, ITL 5 ms, one batch slot (queueing / cancellation)
+SYNC = "trtllm_sync"  # synthetic, non-decoupled model transaction policy
+HF = "trtllm_hf"  # demo checkpoint through transformers
+
+
+def _add_model(repo: Path, name: str, engine_dir: Path, *, decoupled: bool, work: Path) -> None:
+    """Fill the real tensorrt_llm template for the CPU engine and install it under `name`."""
+    filled = fill_repository(
+        work / f"fill-{name}",
+        {"triton_backend": "python", "engine_dir": str(engine_dir), "decoupled_mode": decoupled},
+        models=("tensorrt_llm",),
+    )
+    target = repo / name
+    shutil.move(str(filled / "tensorrt_llm"), target)
+    config = target / "config.pbtxt"
+    text = re.sub(r'^name: "tensorrt_llm"', f'name: "{name}"', config.read_text(), flags=re.M)
+    config.write_text(text)
+
+
+@pytest.fixture(scope="module")
+def engine_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpu-engines")
+    ckpt = build_demo_checkpoint(root / "demo-ckpt")
+    return {
+        FAST: write_engine_dir(
+            root / "fast",
+            mode="synthetic",
+            vocab_size=VOCAB,
+            eos_token_id=EOS,
+            max_input_len=64,
+            max_seq_len=2048,
+        ),
+        SLOW: write_engine_dir(
+            root / "slow",
+            mode="synthetic",
+            vocab_size=VOCAB,
+            eos_token_id=EOS,
+            itl_ms=5,
+            max_batch_size=1,
+        ),
+        SYNC: write_engine_dir(root / "sync", mode="synthetic", vocab_size=VOCAB, eos_token_id=EOS),
+        HF: write_engine_dir(
+            root / "hf", mode="hf", checkpoint_dir=ckpt, vocab_size=VOCAB, eos_token_id=EOS
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def triton(engine_dirs, tmp_path_factory):
+    work = tmp_path_factory.mktemp("triton")
+    repo = work / "repo"
+    repo.mkdir()
+    for name, engine_dir in engine_dirs.items():
+        _add_model(repo, name, engine_dir, decoupled=name != SYNC, work=work)
+    supervisor = TritonSupervisor(
+        TritonServerConfig(
+            model_repository=repo, restart=False, startup_timeout_s=120, log_dir=work / "logs"
+        )
+    )
+    supervisor.start()
+    try:
+        yield supervisor
+    finally:
+        supervisor.stop()
+
+
+@pytest.fixture
+async def client(triton):
+    c = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def make_inputs(prompt: list[int], output_len: int, **extra) -> list[InferInput]:
+    """tensorrt_llm request tensors for one sequence (leading batch dim 1, as Triton expects)."""
+    arrays: dict[str, np.ndarray] = {
+        "input_ids": np.array([prompt], dtype=np.int32),
+        "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
+        "request_output_len": np.array([[output_len]], dtype=np.int32),
+    }
+    for name, value in extra.items():
+        if isinstance(value, bool):
+            arrays[name] = np.array([[value]], dtype=bool)
+        elif isinstance(value, float):
+            arrays[name] = np.array([[value]], dtype=np.float32)
+        elif isinstance(value, np.ndarray):
+            arrays[name] = value
+        else:
+            arrays[name] = np.array([[value]], dtype=np.int32)
+    inputs = []
+    for name, array in arrays.items():
+        dtype = {
+            np.dtype(bool): "BOOL",
+            np.dtype(np.float32): "FP32",
+            np.dtype(np.uint64): "UINT64",
+        }.get(array.dtype, "INT32")
+        tensor = InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+async def stream(client, model: str, prompt, output_len, request_id: str = "", **extra):
+    """Run one request on a gRPC stream; returns [(output_ids, result, is_final)] or raises."""
+
+    async def requests():
+        yield {
+            "model_name": model,
+            "inputs": make_inputs(prompt, output_len, **extra),
+            "request_id": request_id,
+            "enable_empty_final_response": True,
+        }
+
+    responses = []
+    iterator = client.stream_infer(requests())
+    try:
+        async for result, error in iterator:
+            if error is not None:
+                raise error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            ids = result.as_numpy("output_ids")
+            responses.append((None if ids is None else ids, result, final))
+            if final:
+                break
+    finally:
+        iterator.cancel()  # close the gRPC stream: an abandoned one keeps the model loaded
+    return responses
+
+
+def tokens_of(responses) -> list[int]:
+    return [int(t) for ids, _, _ in responses if ids is not None for t in ids.reshape(-1)]
+
+
+def metric(triton, name: str, model: str) -> float:
+    text = urllib.request.urlopen(triton.metrics_url, timeout=5).read().decode()
+    match = re.search(rf'^{name}{{model="{model}",version="1"}} ([0-9.e+]+)$', text, flags=re.M)
+    assert match, f"{name} for {model} not on the metrics endpoint"
+    return float(match.group(1))
+
+
+async def wait_metric(triton, name: str, model: str, predicate, timeout: float = 5.0) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = metric(triton, name, model)
+        if predicate(value) or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.05)
+
+
+PROMPT = [5, 6, 7, 8]
+
+
+async def test_streaming_synthetic_exact_tokens(client):
+    responses = await stream(client, FAST, PROMPT, 6, streaming=True)
+    expected = predict_tokens(PROMPT, 6, vocab_size=VOCAB, eos_token_id=EOS)
+    assert tokens_of(responses) == expected  # only new tokens, never the prompt
+    assert [final for _, _, final in responses] == [False] * 5 + [True]
+    for ids, result, _ in responses:
+        assert ids.shape == (1, 1, 1)
+        assert result.as_numpy("sequence_length").tolist() == [[1]]
+        assert result.as_numpy("batch_index").tolist() == [[0]]
+
+
+async def test_non_streaming_includes_prompt_unless_excluded(client):
+    expected = predict_tokens(PROMPT, 4, vocab_size=VOCAB, eos_token_id=EOS)
+    with_prompt = await stream(
+        client, FAST, PROMPT, 4, streaming=False, exclude_input_in_output=False
+    )
+    assert len(with_prompt) == 1 and with_prompt[0][2]
+    ids, result, _ = with_prompt[0]
+    assert ids.tolist() == [[PROMPT + expected]]
+    assert result.as_numpy("sequence_length").tolist() == [[8]]
+    without = await stream(
+        client, FAST, PROMPT, 4, exclude_input_in_output=True, return_log_probs=True
+    )
+    ids, result, _ = without[0]
+    assert ids.tolist() == [[expected]]
+    assert result.as_numpy("output_log_probs").shape == (1, 1, 4)
+    assert result.as_numpy("cum_log_probs").tolist() == [[0.0]]
+    timed = await stream(client, FAST, PROMPT, 4, return_perf_metrics=True)
+    _, result, _ = timed[0]
+    times = [
+        int(result.as_numpy(name)[0, 0])
+        for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
+    ]
+    assert 0 < times[0] <= times[1] <= times[2] <= int(result.as_numpy("last_token_time_ns")[0, 0])
+
+
+async def test_end_id_and_stop_words(client):
+    expected = predict_tokens(PROMPT, 6, vocab_size=VOCAB, eos_token_id=EOS)
+    ended = await stream(client, FAST, PROMPT, 6, streaming=True, end_id=expected[2])
+    assert tokens_of(ended) == expected[:2]
+    assert ended[-1][2] and ended[-1][0].shape == (1, 1, 0)
+    stop_words = np.array([[[expected[1], expected[2]], [2, -1]]], dtype=np.int32)
+    stopped = await stream(
+        client, FAST, PROMPT, 6, exclude_input_in_output=True, stop_words_list=stop_words
+    )
+    assert tokens_of(stopped) == expected[:3]
+
+
+async def test_64_concurrent_streams_get_exact_counts(client, triton):
+    await asyncio.sleep(0.3)  # let earlier tests' counts reach the endpoint (published every 0.1 s)
+    before = metric(triton, "trtllm_cpu_engine_generated_tokens_total", FAST)
+    counts = [20 + (i % 7) for i in range(64)]
+    results = await asyncio.gather(
+        *[
+            stream(client, FAST, [i + 3, 9], counts[i], request_id=f"c{i}", streaming=True)
+            for i in range(64)
+        ]
+    )
+    for i, responses in enumerate(results):
+        assert tokens_of(responses) == predict_tokens(
+            [i + 3, 9], counts[i], vocab_size=VOCAB, eos_token_id=EOS
+        )
+    after = await wait_metric(
+        triton,
+        "trtllm_cpu_engine_generated_tokens_total",
+        FAST,
+        lambda v: v >= before + sum(counts),
+    )
+    assert after == before + sum(counts)
+
+
+async def test_cancelled_stream_frees_its_slot(client, triton):
+    await asyncio.sleep(0.3)
+    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", SLOW)
+
+    async def requests():
+        yield {
+            "model_name": SLOW,
+            "inputs": make_inputs(PROMPT, 1000, streaming=True),
+            "request_id": "long",
+        }
+
+    iterator = client.stream_infer(requests())
+    received = 0
+    async for _result, error in iterator:
+        assert error is None
+        received += 1
+        if received == 3:
+            break
+    # The only batch slot is taken: a second request waits in the queue.
+    waiting = asyncio.create_task(stream(client, SLOW, PROMPT, 3, streaming=True))
+    queued = await wait_metric(triton, "trtllm_cpu_engine_queued_requests", SLOW, lambda v: v == 1)
+    assert queued == 1
+    iterator.cancel()
+    cancelled = await wait_metric(
+        triton,
+        "trtllm_cpu_engine_cancelled_requests_total",
+        SLOW,
+        lambda v: v >= cancelled_before + 1,
+    )
+    assert cancelled == cancelled_before + 1
+    responses = await asyncio.wait_for(waiting, 10)
+    assert len(tokens_of(responses)) == 3
+    assert (
+        await wait_metric(triton, "trtllm_cpu_engine_active_requests", SLOW, lambda v: v == 0) == 0
+    )
+
+
+async def test_stop_input_cancels_request_with_same_id(client, triton):
+    long_task = asyncio.create_task(
+        stream(client, SLOW, PROMPT, 1000, request_id="to-stop", streaming=True)
+    )
+    await wait_metric(triton, "trtllm_cpu_engine_active_requests", SLOW, lambda v: v == 1)
+    await stream(client, SLOW, PROMPT, 1, request_id="to-stop", stop=True)
+    responses = await asyncio.wait_for(long_task, 10)
+    assert responses[-1][2]
+    assert 0 < len(tokens_of(responses)) < 1000
+
+
+async def test_errors_are_per_request(client):
+    with pytest.raises(InferenceServerException, match="max_input_len"):
+        await stream(client, FAST, list(range(3, 3 + 65)), 4, streaming=True)
+    with pytest.raises(InferenceServerException, match="max_seq_len"):
+        await stream(client, FAST, PROMPT, 3000)
+    with pytest.raises(InferenceServerException, match="beam_width"):
+        await stream(client, FAST, PROMPT, 3, beam_width=4)
+    with pytest.raises(InferenceServerException, match="vocabulary"):
+        await stream(client, FAST, [VOCAB + 1], 3)
+    # The model is still serving.
+    responses = await stream(client, FAST, PROMPT, 2, streaming=True)
+    assert len(tokens_of(responses)) == 2
+
+
+async def test_non_decoupled_model_blocks_and_returns(client):
+    result = await client.infer(
+        SYNC,
+        make_inputs(PROMPT, 5, exclude_input_in_output=True),
+        outputs=[InferRequestedOutput("output_ids"), InferRequestedOutput("sequence_length")],
+    )
+    expected = predict_tokens(PROMPT, 5, vocab_size=VOCAB, eos_token_id=EOS)
+    assert result.as_numpy("output_ids").tolist() == [[expected]]
+    with pytest.raises(InferenceServerException, match="decoupled"):
+        await client.infer(SYNC, make_inputs(PROMPT, 5, streaming=True))
+
+
+async def test_hf_streaming_matches_non_streaming_and_transformers(client, engine_dirs):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = engine_dirs[HF] / "checkpoint"
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+    prompt = tokenizer("The lighthouse keeper")["input_ids"]
+    # end_id + min_tokens ban EOS as min_new_tokens does in the transformers reference.
+    same = {"end_id": EOS, "min_tokens": 8}
+    streamed = await stream(client, HF, prompt, 8, streaming=True, return_log_probs=True, **same)
+    whole = await stream(client, HF, prompt, 8, exclude_input_in_output=True, **same)
+    assert tokens_of(streamed) == tokens_of(whole)
+    assert len(tokens_of(whole)) == 8
+    assert all(r.as_numpy("output_log_probs")[0, 0, 0] < 0 for _, r, _ in streamed)
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), local_files_only=True).eval()
+    reference = model.generate(
+        torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0
+    )[0, len(prompt) :].tolist()
+    assert tokens_of(whole) == reference
+    sampled = [
+        tokens_of(
+            await stream(
+                client,
+                HF,
+                prompt,
+                8,
+                exclude_input_in_output=True,
+                temperature=1.5,
+                runtime_top_k=40,
+                seed=np.array([[seed]], dtype=np.uint64),
+            )
+        )
+        for seed in (3, 3)
+    ]
+    assert sampled[0] == sampled[1]
+
+
+def batch_inputs(prompts: list[list[int]], output_lens: list[int], **flags: bool):
+    """A request carrying several sequences (as the ensemble sends for a batch of prompts)."""
+    width = max(len(p) for p in prompts)
+    arrays = {
+        "input_ids": np.array([p + [0] * (width - len(p)) for p in prompts], dtype=np.int32),
+        "input_lengths": np.array([[len(p)] for p in prompts], dtype=np.int32),
+        "request_output_len": np.array([[n] for n in output_lens], dtype=np.int32),
+    }
+    for name, value in flags.items():
+        arrays[name] = np.array([[value]] * len(prompts), dtype=bool)
+    inputs = []
+    for name, array in arrays.items():
+        tensor = InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+async def test_batched_request_streams_rows_with_batch_index(client):
+    prompts, lens = [[5, 6, 7], [9, 10]], [4, 2]
+
+    async def requests():
+        yield {
+            "model_name": FAST,
+            "inputs": batch_inputs(prompts, lens, streaming=True),
+            "enable_empty_final_response": True,
+        }
+
+    per_row: dict[int, list[int]] = {0: [], 1: []}
+    finals = 0
+    iterator = client.stream_infer(requests())
+    try:
+        async for result, error in iterator:
+            assert error is None
+            finals += result.get_response().parameters["triton_final_response"].bool_param
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                per_row[int(result.as_numpy("batch_index")[0, 0])].extend(ids.reshape(-1).tolist())
+            if finals:
+                break
+    finally:
+        iterator.cancel()
+    for row, prompt in enumerate(prompts):
+        assert per_row[row] == predict_tokens(prompt, lens[row], vocab_size=VOCAB, eos_token_id=EOS)
+
+
+async def test_batched_request_non_decoupled_is_merged_and_padded(client):
+    prompts, lens = [[5, 6, 7], [9, 10]], [4, 2]
+    result = await client.infer(SYNC, batch_inputs(prompts, lens, exclude_input_in_output=True))
+    expected = [
+        predict_tokens(p, n, vocab_size=VOCAB, eos_token_id=EOS)
+        for p, n in zip(prompts, lens, strict=True)
+    ]
+    ids = result.as_numpy("output_ids")
+    assert ids.shape == (2, 1, 4)
+    assert result.as_numpy("sequence_length").tolist() == [[4], [2]]
+    assert ids[0, 0].tolist() == expected[0]
+    assert ids[1, 0, :2].tolist() == expected[1]
+    assert result.as_numpy("batch_index").tolist() == [[0], [1]]
+
+
+def test_stub_that_outlives_tritonserver_is_killed(engine_dirs, tmp_path):
+    """A stub stuck when tritonserver dies (simulated with SIGSTOP) is SIGKILLed by the guard."""
+    from tensorrtllm_backend.server import find_free_port, find_tritonserver
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _add_model(repo, FAST, engine_dirs[FAST], decoupled=True, work=tmp_path)
+    installation = find_tritonserver()
+    env = dict(
+        os.environ,
+        TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S="1",
+        TRTLLM_BACKEND_PYTHONPATH=os.pathsep.join(
+            [str(Path(np.__file__).parents[1]), str(Path(__file__).parents[2])]
+        ),
+        LD_LIBRARY_PATH=os.pathsep.join(str(p) for p in installation.library_dirs),
+    )
+    http_port = find_free_port()
+    server = subprocess.Popen(
+        [
+            str(installation.binary),
+            f"--model-repository={repo}",
+            f"--backend-directory={installation.backend_dir}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={find_free_port()}",
+            "--http-address=127.0.0.1",
+            f"--http-port={http_port}",
+            "--allow-metrics=false",
+            "--exit-timeout-secs=3",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    stub = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready") as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        assert len(children) == 1
+        stub = int(children[0])
+        os.kill(stub, signal.SIGSTOP)  # a stub deadlocked in an IPC call looks like this
+        server.kill()
+        server.wait()
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{stub}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{stub}").exists(), "orphaned stub still alive"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        if stub is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub, signal.SIGKILL)
+        server.wait()

@@ -1,0 +1,46 @@
+"""Shared helpers for the CPU engine unit tests: a recording Sink (the scheduler's seam)."""
+
+from __future__ import annotations
+
+import threading
+
+from tensorrtllm_backend.cpu_engine.request import FinishReason, GenRequest
+
+
+class RecordingSink:
+    """Collects what the scheduler sends for one request; `cancelled` simulates a client leaving."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[list[int], list[float] | None, bool]] = []
+        self.reason: FinishReason | None = None
+        self.error: str | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self.first_token = threading.Event()
+
+    def send_tokens(
+        self, req: GenRequest, tokens: list[int], logprobs: list[float] | None, final: bool
+    ) -> None:
+        self.chunks.append((list(tokens), None if logprobs is None else list(logprobs), final))
+        self.first_token.set()
+
+    def finish(self, req: GenRequest, reason: FinishReason) -> None:
+        self.reason = reason
+        self.done.set()
+
+    def fail(self, req: GenRequest, message: str) -> None:
+        self.error = message
+        self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def streamed(self) -> list[int]:
+        return [t for tokens, _, _ in self.chunks for t in tokens]
+
+
+def make_request(
+    prompt: list[int], max_new_tokens: int, **kwargs
+) -> tuple[GenRequest, RecordingSink]:
+    sink = RecordingSink()
+    return GenRequest(prompt=prompt, max_new_tokens=max_new_tokens, sink=sink, **kwargs), sink

@@ -1,0 +1,169 @@
+"""hf backend on the demo checkpoint: greedy equals transformers generate(), batched decode equals
+unbatched, seeded sampling is reproducible, log probs are real; demo tokenizer round-trips."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from cpu_engine_helpers import make_request
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+
+from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.cpu_engine.hf import HFBackend  # noqa: E402
+from tensorrtllm_backend.cpu_engine.request import SamplingParams  # noqa: E402
+from tensorrtllm_backend.cpu_engine.scheduler import Scheduler  # noqa: E402
+
+PROMPTS = [
+    "The lighthouse keeper woke before dawn",
+    "Hello",
+    "Serving a model to many users at once is a problem of scheduling, and",
+    "Le café était presque vide. 今日は",
+]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def backend(checkpoint):
+    return HFBackend(checkpoint, num_threads=1)
+
+
+@pytest.fixture
+def scheduler(backend):
+    sched = Scheduler(backend, max_batch_size=8)
+    sched.start()
+    yield sched
+    sched.stop()
+
+
+def run(scheduler, requests, timeout=60.0):
+    for req, _ in requests:
+        scheduler.submit(req)
+    for _, sink in requests:
+        assert sink.done.wait(timeout)
+        assert sink.error is None, sink.error
+    return [req.generated for req, _ in requests]
+
+
+def encode(tokenizer, text):
+    return tokenizer(text)["input_ids"]
+
+
+def reference_greedy(model, prompt, n):
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+        max_new_tokens=n,
+        min_new_tokens=n,  # never stop early: the engine runs without end_id here
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_greedy_matches_transformers_generate(scheduler, backend, tokenizer):
+    prompts = [encode(tokenizer, p) for p in PROMPTS]
+    # min_new_tokens bans eos in the reference; end_id + min_tokens do the same in the engine.
+    reqs = [make_request(p, NEW_TOKENS, end_id=2, min_tokens=NEW_TOKENS) for p in prompts]
+    got = run(scheduler, reqs)  # all four decode together: batched, left-padded caches
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert tokens == reference_greedy(backend.model, prompt, NEW_TOKENS)
+
+
+def test_batched_decode_equals_unbatched(scheduler, tokenizer):
+    prompts = [encode(tokenizer, p) for p in PROMPTS]
+    alone = []
+    for p in prompts:
+        alone.extend(run(scheduler, [make_request(p, NEW_TOKENS)]))
+    together = run(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
+    assert together == alone
+
+
+def test_staggered_joins_equal_unbatched(scheduler, tokenizer):
+    prompts = [encode(tokenizer, p) for p in PROMPTS]
+    alone = [run(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
+    reqs = [make_request(p, NEW_TOKENS, streaming=True) for p in prompts]
+    for req, sink in reqs:  # each joins once the previous one produced a token
+        scheduler.submit(req)
+        assert sink.first_token.wait(30)
+    for _, sink in reqs:
+        assert sink.done.wait(30)
+    assert [req.generated for req, _ in reqs] == alone
+
+
+def test_same_seed_same_sample(scheduler, tokenizer):
+    prompt = encode(tokenizer, PROMPTS[0])
+
+    def sampled(seed):
+        params = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=seed)
+        return run(scheduler, [make_request(prompt, 16, sampling=params)])[0]
+
+    first = sampled(7)
+    assert sampled(7) == first
+    assert any(sampled(seed) != first for seed in (8, 9, 10))
+    greedy = run(scheduler, [make_request(prompt, 16)])[0]
+    assert first != greedy
+
+
+def test_log_probs_are_real(scheduler, backend, tokenizer):
+    prompt = encode(tokenizer, PROMPTS[1])
+    req, sink = make_request(prompt, 4, return_log_probs=True)
+    run(scheduler, [(req, sink)])
+    with torch.inference_mode():
+        ids = torch.tensor([prompt + req.generated])
+        logprobs = torch.log_softmax(backend.model(ids).logits[0], dim=-1)
+    expected = [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(req.generated)]
+    assert req.logprobs == pytest.approx(expected, abs=1e-4)
+    assert req.cum_logprob == pytest.approx(sum(expected), abs=1e-3)
+    assert all(lp < 0 for lp in req.logprobs)
+
+
+def test_penalties_and_bans_change_greedy_output(scheduler, tokenizer):
+    prompt = encode(tokenizer, PROMPTS[2])
+    base = run(scheduler, [make_request(prompt, 8)])[0]
+    banned = run(scheduler, [make_request(prompt, 8, bad_words=[[base[0]]])])[0]
+    assert banned[0] != base[0]
+    end = run(scheduler, [make_request(prompt, 8, end_id=base[3])])[0]
+    assert end == base[: base.index(base[3])]
+    penalized = run(
+        scheduler,
+        [make_request(prompt, 8, sampling=SamplingParams(repetition_penalty=5.0))],
+    )[0]
+    assert len(set(penalized)) >= len(set(base))
+
+
+def test_demo_tokenizer_round_trips_multibyte(tokenizer):
+    texts = ["Héllo wörld", "你好，世界", "🚀🇫🇷👍🏽 ok", "crème brûlée ∞ ≈ €", "Привет"]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    ids = tokenizer("hi")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id == 1
+    assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 0
+    assert len(tokenizer) == 2048
+    chat = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert chat == "<|system|>\nS</s>\n<|user|>\nU</s>\n<|assistant|>\n"
+
+
+def test_demo_checkpoint_is_deterministic(checkpoint, tmp_path):
+    again = build_demo_checkpoint(tmp_path / "again")
+    for name in ("tokenizer.json", "config.json", "model.safetensors"):
+        assert (again / name).read_bytes() == (checkpoint / name).read_bytes()

@@ -1,0 +1,259 @@
+"""Scheduler semantics with the synthetic backend (no Triton): counts, end ids, stop words,
+bans, min_tokens, cancellation, joining between steps and queueing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cpu_engine_helpers import make_request
+
+from tensorrtllm_backend.cpu_engine.request import FinishReason, parse_word_list
+from tensorrtllm_backend.cpu_engine.scheduler import Scheduler
+from tensorrtllm_backend.cpu_engine.synthetic import (
+    FIRST_ID,
+    SyntheticBackend,
+    predict_tokens,
+)
+
+VOCAB = 2048
+EOS = 2
+PROMPT = [5, 17, 300, 42]
+
+
+@pytest.fixture
+def make_scheduler():
+    started: list[Scheduler] = []
+
+    def factory(max_batch_size: int = 64, **backend_kwargs) -> Scheduler:
+        backend = SyntheticBackend(vocab_size=VOCAB, eos_token_id=EOS, **backend_kwargs)
+        scheduler = Scheduler(backend, max_batch_size)
+        scheduler.start()
+        started.append(scheduler)
+        return scheduler
+
+    yield factory
+    for scheduler in started:
+        scheduler.stop()
+
+
+def wait_all(*sinks, timeout: float = 5.0) -> None:
+    for sink in sinks:
+        assert sink.done.wait(timeout), "request did not finish"
+
+
+def test_exact_token_count_streaming_and_final_flag(make_scheduler):
+    scheduler = make_scheduler()
+    req, sink = make_request(PROMPT, 7, streaming=True)
+    scheduler.submit(req)
+    wait_all(sink)
+    assert sink.reason is FinishReason.LENGTH
+    assert len(sink.chunks) == 7
+    assert all(len(tokens) == 1 for tokens, _, _ in sink.chunks)
+    assert [final for _, _, final in sink.chunks] == [False] * 6 + [True]
+    assert sink.streamed() == predict_tokens(PROMPT, 7, vocab_size=VOCAB, eos_token_id=EOS)
+    assert req.generated == sink.streamed()
+
+
+def test_non_streaming_gets_no_chunks_only_finish(make_scheduler):
+    scheduler = make_scheduler()
+    req, sink = make_request(PROMPT, 5)
+    scheduler.submit(req)
+    wait_all(sink)
+    assert sink.chunks == []
+    assert sink.reason is FinishReason.LENGTH
+    assert len(req.generated) == 5
+
+
+def test_tokens_avoid_special_ids_and_engine_eos():
+    tokens = predict_tokens(list(range(50)), 2000, vocab_size=VOCAB, eos_token_id=700)
+    assert min(tokens) >= FIRST_ID
+    assert 700 not in tokens
+    assert max(tokens) < VOCAB
+
+
+def test_end_id_stops_without_returning_it(make_scheduler):
+    scheduler = make_scheduler()
+    expected = predict_tokens(PROMPT, 5, vocab_size=VOCAB, eos_token_id=EOS)
+    req, sink = make_request(PROMPT, 10, streaming=True, end_id=expected[2])
+    scheduler.submit(req)
+    wait_all(sink)
+    assert sink.reason is FinishReason.END_ID
+    assert req.generated == expected[:2]
+    assert sink.streamed() == expected[:2]
+    assert sink.chunks[-1] == ([], None, True)  # the final flag rides an empty response
+
+
+def test_min_tokens_suppresses_end_id(make_scheduler):
+    scheduler = make_scheduler()
+    expected = predict_tokens(PROMPT, 5, vocab_size=VOCAB, eos_token_id=EOS)
+    req, sink = make_request(PROMPT, 6, end_id=expected[0], min_tokens=3)
+    scheduler.submit(req)
+    wait_all(sink)
+    assert expected[0] not in req.generated[:3]
+    assert len(req.generated) >= 3
+    assert req.generated[1:3] == expected[1:3]
+
+
+def test_stop_words_match_on_ids_and_are_included(make_scheduler):
+    scheduler = make_scheduler()
+    expected = predict_tokens(PROMPT, 8, vocab_size=VOCAB, eos_token_id=EOS)
+    stop_words = parse_word_list([999, 998, expected[2], expected[3]], [2, 4])
+    assert stop_words == [[999, 998], [expected[2], expected[3]]]
+    req, sink = make_request(PROMPT, 8, streaming=True, stop_words=stop_words)
+    scheduler.submit(req)
+    wait_all(sink)
+    assert sink.reason is FinishReason.STOP_WORDS
+    assert req.generated == expected[:4]
+    assert sink.chunks[-1] == ([expected[3]], None, True)
+
+
+def test_bad_words_single_and_multi_token(make_scheduler):
+    scheduler = make_scheduler()
+    expected = predict_tokens(PROMPT, 4, vocab_size=VOCAB, eos_token_id=EOS)
+    req, sink = make_request(PROMPT, 4, bad_words=[[expected[0]]])
+    scheduler.submit(req)
+    wait_all(sink)
+    assert req.generated[0] != expected[0]
+    # Multi-token: ban the last token only when the prefix matches the tail of the sequence.
+    req2, sink2 = make_request(PROMPT, 4, bad_words=[[PROMPT[-1], expected[0]], [1, expected[1]]])
+    scheduler.submit(req2)
+    wait_all(sink2)
+    assert req2.generated[0] != expected[0]
+
+
+def test_word_list_padding_and_offsets():
+    assert parse_word_list([5, 6, 7, 0], [2, 3, -1, -1]) == [[5, 6], [7]]
+    assert parse_word_list([], []) == []
+    with pytest.raises(ValueError):
+        parse_word_list([5], [3])
+
+
+def test_log_probs_are_zero_for_synthetic(make_scheduler):
+    scheduler = make_scheduler()
+    req, sink = make_request(PROMPT, 3, streaming=True, return_log_probs=True)
+    scheduler.submit(req)
+    wait_all(sink)
+    assert [lp for _, lp, _ in sink.chunks] == [[0.0], [0.0], [0.0]]
+    assert req.cum_logprob == 0.0
+
+
+def test_seed_changes_sequence(make_scheduler):
+    scheduler = make_scheduler()
+    from tensorrtllm_backend.cpu_engine.request import SamplingParams
+
+    a, sa = make_request(PROMPT, 6)
+    b, sb = make_request(PROMPT, 6, sampling=SamplingParams(seed=11))
+    scheduler.submit(a)
+    scheduler.submit(b)
+    wait_all(sa, sb)
+    assert a.generated != b.generated
+    assert b.generated == predict_tokens(PROMPT, 6, vocab_size=VOCAB, eos_token_id=EOS, seed=11)
+
+
+def test_cancellation_frees_slot_within_one_step(make_scheduler):
+    scheduler = make_scheduler(max_batch_size=1, itl_ms=20)
+    long_req, long_sink = make_request(PROMPT, 1000, streaming=True)
+    waiting, waiting_sink = make_request(PROMPT, 2, streaming=True)
+    scheduler.submit(long_req)
+    scheduler.submit(waiting)
+    assert long_sink.first_token.wait(2)
+    assert scheduler.stats().queued == 1
+    long_sink.cancelled = True
+    cancelled_at = time.monotonic()
+    assert long_sink.done.wait(1)
+    assert long_sink.reason is FinishReason.CANCELLED
+    # Freed within one step (itl 20 ms), so the queued request starts right away.
+    assert waiting_sink.first_token.wait(1)
+    assert time.monotonic() - cancelled_at < 0.2
+    wait_all(waiting_sink)
+    assert len(long_req.generated) < 1000
+    assert scheduler.stats().cancelled == 1
+
+
+def test_cancel_by_request_id(make_scheduler):
+    scheduler = make_scheduler(itl_ms=5)
+    req, sink = make_request(PROMPT, 1000, streaming=True, request_id="abc")
+    scheduler.submit(req)
+    assert sink.first_token.wait(2)
+    assert scheduler.cancel("abc") == 1
+    wait_all(sink)
+    assert sink.reason is FinishReason.CANCELLED
+    assert scheduler.cancel("abc") == 0
+
+
+def test_requests_join_between_steps(make_scheduler):
+    scheduler = make_scheduler(itl_ms=10)
+    first, first_sink = make_request(PROMPT, 30, streaming=True)
+    scheduler.submit(first)
+    assert first_sink.first_token.wait(2)
+    second, second_sink = make_request([9, 9, 9], 3, streaming=True)
+    scheduler.submit(second)
+    wait_all(second_sink)
+    # The second request finished while the first was still running: it joined mid-flight.
+    assert not first_sink.done.is_set()
+    assert len(first.generated) < 30
+    wait_all(first_sink)
+    assert len(first.generated) == 30
+
+
+def test_queueing_beyond_max_batch_size(make_scheduler):
+    scheduler = make_scheduler(max_batch_size=4, itl_ms=5)
+    pairs = [make_request([i + 3, 7], 10, streaming=True) for i in range(10)]
+    for req, _ in pairs:
+        scheduler.submit(req)
+    time.sleep(0.02)
+    stats = scheduler.stats()
+    assert stats.active <= 4
+    assert stats.active + stats.queued + stats.finished == 10
+    wait_all(*[sink for _, sink in pairs])
+    assert all(len(req.generated) == 10 for req, _ in pairs)
+    stats = scheduler.stats()
+    assert (stats.active, stats.queued, stats.finished, stats.generated_tokens) == (0, 0, 10, 100)
+
+
+def test_many_streams_at_zero_itl(make_scheduler):
+    scheduler = make_scheduler()
+    pairs = [make_request([i + 3], 50, streaming=True) for i in range(128)]
+    start = time.monotonic()
+    for req, _ in pairs:
+        scheduler.submit(req)
+    wait_all(*[sink for _, sink in pairs])
+    elapsed = time.monotonic() - start
+    assert all(len(sink.streamed()) == 50 for _, sink in pairs)
+    assert elapsed < 2.0  # 6400 tokens: the loop itself must be cheap
+
+
+def test_ttft_and_itl_delays(make_scheduler):
+    scheduler = make_scheduler(ttft_ms=100, itl_ms=20)
+    req, sink = make_request(PROMPT, 6, streaming=True)
+    start = time.monotonic()
+    scheduler.submit(req)
+    assert sink.first_token.wait(2)
+    ttft = time.monotonic() - start
+    wait_all(sink)
+    total = time.monotonic() - start
+    assert 0.09 <= ttft < 0.3
+    assert 0.09 + 5 * 0.02 - 0.01 <= total < 0.6
+
+
+def test_backend_error_fails_only_that_request(make_scheduler):
+    scheduler = make_scheduler()
+    bad, bad_sink = make_request([VOCAB + 5], 3)
+    good, good_sink = make_request(PROMPT, 3)
+    scheduler.submit(bad)
+    scheduler.submit(good)
+    wait_all(bad_sink, good_sink)
+    assert bad_sink.error is not None and "vocabulary" in bad_sink.error
+    assert good_sink.reason is FinishReason.LENGTH
+    assert scheduler.stats().failed == 1
+
+
+def test_stop_cancels_in_flight_requests(make_scheduler):
+    scheduler = make_scheduler(itl_ms=50)
+    req, sink = make_request(PROMPT, 1000, streaming=True)
+    scheduler.submit(req)
+    assert sink.first_token.wait(2)
+    scheduler.stop()
+    assert sink.done.is_set()
+    assert sink.reason is FinishReason.CANCELLED
