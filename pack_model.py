@@ -26,14 +26,14 @@ from tensorrtllm_backend.packing import PackError, PackPlan, plan, staging_dir, 
 DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
 
 
-def _parse_fill(items: list[str]) -> dict[str, str]:
-    options = {}
+def _parse_pairs(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PackError(f"--fill expects KEY=VALUE (a template placeholder), got {item!r}")
-        options[key.strip()] = value
-    return options
+        if not sep or not key.strip():
+            raise PackError(f"{flag} expects KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value
+    return pairs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         "TensorRT-LLM version against it",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a LoRA adapter in TensorRT-LLM's converted format (model.lora_weights.npy, "
+        "model.lora_config.npy); repeatable. Requests select it by name.",
+    )
 
     cpu = parser.add_argument_group("CPU engine (--hf-model, --demo, --synthetic)")
     cpu.add_argument("--ttft-ms", type=float, default=0.0, help="synthetic: first-token delay")
@@ -117,7 +125,7 @@ def _options(args: argparse.Namespace) -> dict[str, str]:
     options = {
         key: str(getattr(args, key)) for key in _FILL_FLAGS if getattr(args, key) is not None
     }
-    options.update(_parse_fill(args.fill))
+    options.update(_parse_pairs(args.fill, "--fill"))
     return options
 
 
@@ -208,6 +216,7 @@ def run(args: argparse.Namespace) -> str | None:
         pack = plan(
             name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,
             option_overrides=options, runtime_version=runtime, route=args.route,
+            loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()},
         )  # fmt: skip
         print(describe(pack))
         if args.dry_run:

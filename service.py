@@ -72,8 +72,8 @@ class TRTLLM:
 
     def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)
-        params = SamplingParams(**request.model_dump(exclude={"prompt"}))
-        return self.runtime.generator.prepare(request.prompt, params)
+        params = SamplingParams(**request.model_dump(exclude={"prompt", "lora"}))
+        return self.runtime.generator.prepare(request.prompt, params, lora=request.lora)
 
     @bentoml.api(input_spec=GenerateRequest)
     async def generate(self, **fields: Any) -> AsyncGenerator[str, None]:

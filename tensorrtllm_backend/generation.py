@@ -13,12 +13,17 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .client import TritonLLMClient
+import numpy as np
+from tritonclient.grpc import InferResult
+
+from .client import TritonLLMClient, TritonModelError
 from .engine import EngineInfo
+from .lora import LoraAdapter, LoraRegistry
 from .metrics import GenerationMetrics
 from .schemas import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 from .tokenization import IncrementalDetokenizer, StopStringMatcher, encode_word_lists
 from .translation import (
+    LoraTensors,
     TokenIds,
     direct_outputs,
     direct_tensors,
@@ -72,6 +77,7 @@ class PreparedRequest:
     params: SamplingParams
     prompt_ids: list[int]
     api: str = "native"  # metrics label
+    lora: LoraAdapter | None = None
 
 
 def new_request_id() -> str:
@@ -89,9 +95,13 @@ class Generator:
         limits: EngineLimits,
         route: Route = Route.DIRECT,
         metrics: GenerationMetrics | None = None,
+        loras: LoraRegistry | None = None,
+        lora_supported: bool = False,
     ) -> None:
         self.client = client
         self.metrics = metrics
+        self.loras = loras or LoraRegistry()
+        self.lora_supported = lora_supported
         self.tokenizer = tokenizer
         self.limits = limits
         self.route = route
@@ -110,6 +120,7 @@ class Generator:
         add_special_tokens: bool = True,
         max_tokens_cap: int | None = None,
         api: str = "native",
+        lora: str | None = None,
     ) -> PreparedRequest:
         """Tokenize and check every engine limit before Triton sees the request.
 
@@ -117,6 +128,7 @@ class Generator:
         leaves after the prompt, up to the cap (OpenAI chat semantics).
         """
         limits = self.limits
+        adapter = self._adapter(lora)
         if params.beam_width > limits.max_beam_width:
             raise RequestError(
                 f"beam_width {params.beam_width} exceeds this engine's max_beam_width "
@@ -149,8 +161,25 @@ class Generator:
         if self.route is Route.DIRECT and params.end_id is None and self._eos_id is None:
             raise RequestError("the tokenizer has no end token: pass end_id", param="end_id")
         return PreparedRequest(
-            request_id or new_request_id(), prompt, params, list(prompt_ids), api
+            request_id or new_request_id(), prompt, params, list(prompt_ids), api, adapter
         )
+
+    def _adapter(self, name: str | None) -> LoraAdapter | None:
+        if name is None:
+            return None
+        adapter = self.loras.get(name)
+        if adapter is None:
+            known = ", ".join(self.loras.names()) or "none"
+            raise RequestError(
+                f"unknown LoRA adapter {name!r}; this model has: {known}", 404, param="lora"
+            )
+        if not self.lora_supported:
+            raise RequestError(
+                "LoRA adapters need a TensorRT-LLM engine built with the LoRA plugin; this "
+                "model's engine does not apply them",
+                param="lora",
+            )
+        return adapter
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
         """Text chunks as they become final; the last chunk carries the finish reason."""
@@ -186,32 +215,58 @@ class Generator:
         self, request: PreparedRequest
     ) -> AsyncIterator[tuple[str, list[int], list[float] | None]]:
         """(final text, new token ids, their log probs) per Triton response."""
-        params = request.params
-        want_log_probs = params.return_log_probs
+        want_log_probs = request.params.return_log_probs
         if self.route is Route.DIRECT:
-            tensors = direct_tensors(params, self._token_ids(request))
             detokenizer = IncrementalDetokenizer(self.tokenizer)
-            async with aclosing(
-                self.client.stream(
-                    self.model_name, tensors, direct_outputs(params), request.request_id
-                )
-            ) as results:
+            async with aclosing(self._results(request)) as results:
                 async for result in results:
                     ids = new_token_ids(result)
                     log_probs = response_log_probs(result, len(ids)) if want_log_probs else None
                     yield detokenizer.feed(ids), ids, log_probs
             yield detokenizer.flush(), [], None
             return
-        end_id = params.end_id if params.end_id is not None else None
-        tensors = text_tensors(request.prompt, params, end_id)
-        async with aclosing(
-            self.client.stream(self.model_name, tensors, text_outputs(params), request.request_id)
-        ) as results:
+        async with aclosing(self._results(request)) as results:
             async for result in results:
                 text = response_text(result)
                 # The text routes return no ids: count tokens by re-encoding the delta.
                 ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
                 yield text, ids, response_log_probs(result, len(ids)) if want_log_probs else None
+
+    async def _results(self, request: PreparedRequest) -> AsyncIterator[InferResult]:
+        """The Triton stream; a LoRA adapter evicted from the backend's cache is sent again."""
+        adapter = request.lora
+        send_weights = adapter is not None and self.loras.needs_weights(adapter)
+        for attempt in range(2):
+            tensors, outputs = self._triton_inputs(request, send_weights)
+            received = False
+            try:
+                async with aclosing(
+                    self.client.stream(self.model_name, tensors, outputs, request.request_id)
+                ) as results:
+                    async for result in results:
+                        if adapter is not None and not received:
+                            self.loras.mark_sent(adapter)
+                        received = True
+                        yield result
+                return
+            except TritonModelError as error:
+                evicted = adapter is not None and "not found" in str(error).lower()
+                if received or send_weights or not evicted or attempt:
+                    raise
+                self.loras.mark_sent(adapter, sent=False)  # type: ignore[arg-type]
+                send_weights = True
+
+    def _triton_inputs(
+        self, request: PreparedRequest, send_lora_weights: bool
+    ) -> tuple[dict[str, np.ndarray], list[str]]:
+        params = request.params
+        lora = None
+        if request.lora is not None:
+            weights, config = request.lora.tensors() if send_lora_weights else (None, None)
+            lora = LoraTensors(request.lora.task_id, weights, config)
+        if self.route is Route.DIRECT:
+            return direct_tensors(params, self._token_ids(request), lora), direct_outputs(params)
+        return text_tensors(request.prompt, params, params.end_id, lora), text_outputs(params)
 
     def _token_ids(self, request: PreparedRequest) -> TokenIds:
         params = request.params

@@ -24,6 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .engine import EngineInfo, check_runtime_compatibility, inspect_engine
+from .lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
 from .repository import TemplateError, fill_repository
 
 MANIFEST = "trtllm_model.json"
@@ -63,6 +64,7 @@ class PackPlan:
     labels: dict[str, str] = field(default_factory=dict)
     route: str = "direct"
     source: str = "engine"
+    loras: dict[str, Path] = field(default_factory=dict)
 
     def files(self) -> list[tuple[Path, Path]]:
         """(source file, path inside the model) for engines and tokenizer."""
@@ -75,6 +77,11 @@ class PackPlan:
             (self.tokenizer_dir / name, Path(TOKENIZER) / name)
             for name in TOKENIZER_FILES
             if (self.tokenizer_dir / name).is_file()
+        ]
+        pairs += [
+            (path / name, Path(LORAS) / adapter / name)
+            for adapter, path in sorted(self.loras.items())
+            for name in (WEIGHTS_FILE, CONFIG_FILE)
         ]
         return pairs
 
@@ -96,6 +103,7 @@ class PackPlan:
             "route": self.route,
             "engine": self.engine.model_dump(mode="json", exclude={"path"}),
             "fill_options": self.options,
+            "loras": sorted(self.loras),
         }
 
 
@@ -155,6 +163,7 @@ def plan(
     option_overrides: Mapping[str, str] | None = None,
     runtime_version: str | None = None,
     route: str = "direct",
+    loras: Mapping[str, Path] | None = None,
 ) -> PackPlan:
     """Validate the inputs and decide what to store (raises PackError, writes nothing)."""
     _check_tag(name)
@@ -164,6 +173,7 @@ def plan(
     except ValueError as error:
         raise PackError(str(error)) from error
     _check_tokenizer(tokenizer_dir)
+    adapters = _check_loras(engine, loras or {})
     options = template_options(engine, option_overrides)
     with tempfile.TemporaryDirectory() as scratch:  # fill once now so bad options fail early
         try:
@@ -179,6 +189,7 @@ def plan(
         labels={"engine": engine.kind, "source": source},
         route=route,
         source=source,
+        loras=adapters,
     )
 
 
@@ -189,6 +200,24 @@ def _check_tag(name: str, version: str | None = None) -> None:
         Tag(name, version)
     except ValueError as error:
         raise PackError(f"invalid model name/tag {name}:{version or ''}: {error}") from error
+
+
+def _check_loras(engine: EngineInfo, loras: Mapping[str, Path]) -> dict[str, Path]:
+    if loras and engine.kind == "tensorrt_llm" and not engine.lora_enabled:
+        raise PackError(
+            "LoRA adapters given, but the engine was built without the LoRA plugin: rebuild it "
+            "with trtllm-build --lora_plugin <dtype> --lora_dir ... (or drop --lora)"
+        )
+    checked = {}
+    for name, path in loras.items():
+        if not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise PackError(f"LoRA name {name!r}: use letters, digits, '-', '_' or '.'")
+        try:
+            check_adapter_dir(Path(path))
+        except LoraError as error:
+            raise PackError(str(error)) from error
+        checked[name] = Path(path).resolve()
+    return checked
 
 
 def _link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
 from .generation import EngineLimits, Generator, Route
+from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import localize_repository
@@ -66,6 +67,7 @@ class LLMRuntime:
         self.engine: EngineInfo = inspect_engine(self.model_root / ENGINES)
         self.route = self.settings.route or Route(manifest.get("route", Route.DIRECT.value))
         self.tokenizer = load_tokenizer(self.model_root / TOKENIZER)
+        self.loras = LoraRegistry.from_model(self.model_root)
         self.supervisor: TritonSupervisor | None = None
         self._client: TritonLLMClient | None = None
         self._generator: Generator | None = None
@@ -107,6 +109,8 @@ class LLMRuntime:
             EngineLimits.from_engine(self.engine),
             self.route,
             generation_metrics(),
+            self.loras,
+            lora_supported=self.engine.kind == "tensorrt_llm" and self.engine.lora_enabled,
         )
         logger.info(
             "serving %s through %s (route %s)",

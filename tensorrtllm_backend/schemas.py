@@ -70,6 +70,9 @@ class GenerateRequest(SamplingParams):
     """Input of the native `generate` / `generate_text` APIs."""
 
     prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
+    lora: str | None = Field(
+        None, max_length=128, description="Name of a LoRA adapter packed with the model."
+    )
 
     @field_validator("prompt")
     @classmethod

@@ -34,6 +34,20 @@ class TokenIds:
     bad_words_ids: np.ndarray | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LoraTensors:
+    task_id: int
+    weights: np.ndarray | None = None  # [1, N, D] float16, sent on first use
+    config: np.ndarray | None = None  # [1, N, 3] int32
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        tensors = {"lora_task_id": _scalar(self.task_id, np.uint64)}
+        if self.weights is not None and self.config is not None:
+            tensors["lora_weights"] = self.weights
+            tensors["lora_config"] = self.config
+        return tensors
+
+
 def _sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str, np.ndarray]:
     """Optional sampling inputs; `names` maps our field names to the model's input names."""
     values: dict[str, tuple[object, type[np.generic]]] = {
@@ -66,7 +80,9 @@ _DIRECT_NAMES = {
 }
 
 
-def direct_tensors(params: SamplingParams, ids: TokenIds) -> dict[str, np.ndarray]:
+def direct_tensors(
+    params: SamplingParams, ids: TokenIds, lora: LoraTensors | None = None
+) -> dict[str, np.ndarray]:
     """Inputs of the ``tensorrt_llm`` model: always streamed, prompt excluded from the output."""
     tensors = {
         "input_ids": np.asarray([ids.prompt_ids], dtype=np.int32),
@@ -82,6 +98,8 @@ def direct_tensors(params: SamplingParams, ids: TokenIds) -> dict[str, np.ndarra
         tensors["stop_words_list"] = ids.stop_words_ids
     if ids.bad_words_ids is not None and ids.bad_words_ids.shape[-1] > 0:
         tensors["bad_words_list"] = ids.bad_words_ids
+    if lora is not None:
+        tensors.update(lora.tensors())
     return tensors
 
 
@@ -92,7 +110,9 @@ def direct_outputs(params: SamplingParams) -> list[str]:
     return names
 
 
-def text_tensors(prompt: str, params: SamplingParams, end_id: int | None) -> dict[str, np.ndarray]:
+def text_tensors(
+    prompt: str, params: SamplingParams, end_id: int | None, lora: LoraTensors | None = None
+) -> dict[str, np.ndarray]:
     """Inputs of the ``ensemble`` / ``tensorrt_llm_bls`` models (NVIDIA's client-facing names)."""
     tensors = {
         "text_input": np.array([[prompt.encode()]], dtype=np.object_),
@@ -111,6 +131,8 @@ def text_tensors(prompt: str, params: SamplingParams, end_id: int | None) -> dic
         tensors["stop_words"] = np.array([[w.encode() for w in params.stop]], dtype=np.object_)
     if params.bad_words:
         tensors["bad_words"] = np.array([[w.encode() for w in params.bad_words]], dtype=np.object_)
+    if lora is not None:
+        tensors.update(lora.tensors())
     return tensors
 
 

@@ -127,8 +127,9 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
 
     async def models(request: Request) -> Response:
         server = serving()
-        card = ModelCard(id=server.model_name, created=int(time.time()))
-        return JSONResponse(ModelList(data=[card]).model_dump())
+        now = int(time.time())
+        cards = [ModelCard(id=name, created=now) for name in server.model_names()]
+        return JSONResponse(ModelList(data=cards).model_dump())
 
     return Starlette(
         routes=[

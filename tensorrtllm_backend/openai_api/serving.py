@@ -91,13 +91,23 @@ class OpenAIServing:
         self.model_name = model_name
 
     # -- request translation --------------------------------------------------------------
+    def model_names(self) -> list[str]:
+        """The base model, then its LoRA adapters (a request names one as its `model`)."""
+        return [self.model_name, *self.generator.loras.names()]
+
+    def _lora(self, request: CompletionRequest | ChatCompletionRequest) -> str | None:
+        """The adapter a request's `model` names (None for the base model)."""
+        if request.model == self.model_name:
+            return None
+        if request.model in self.generator.loras.names():
+            return request.model
+        raise OpenAIError(
+            f"model {request.model!r} does not exist here; this server serves "
+            f"{', '.join(repr(n) for n in self.model_names())} (GET /v1/models)",
+            404, "invalid_request_error", "model", "model_not_found",
+        )  # fmt: skip
+
     def _check_common(self, request: CompletionRequest | ChatCompletionRequest) -> None:
-        if request.model != self.model_name:
-            raise OpenAIError(
-                f"model {request.model!r} does not exist here; this server serves "
-                f"{self.model_name!r} (GET /v1/models)",
-                404, "invalid_request_error", "model", "model_not_found",
-            )  # fmt: skip
         if request.n != 1:
             raise OpenAIError("n > 1 is not supported: send n requests instead", param="n")
 
@@ -177,7 +187,7 @@ class OpenAIServing:
             # The template already holds the special tokens (BOS) the model expects.
             return self.generator.prepare(
                 prompt, params, new_request_id(), add_special_tokens=False,
-                max_tokens_cap=CHAT_MAX_TOKENS_CAP, api="openai_chat",
+                max_tokens_cap=CHAT_MAX_TOKENS_CAP, api="openai_chat", lora=self._lora(request),
             )  # fmt: skip
         except RequestError as error:
             raise OpenAIError.from_request_error(error) from None
