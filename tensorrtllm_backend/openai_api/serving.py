@@ -143,10 +143,11 @@ class OpenAIServing:
             params = params.model_copy(update={"exclude_input_in_output": False})
         try:
             return self.generator.prepare(
-                request.prompt,
+                request.prompt,  # type: ignore[arg-type]
                 params,
                 new_request_id(),
-                api="openai_completions",  # type: ignore[arg-type]
+                api="openai_completions",
+                lora=self._lora(request),
             )
         except RequestError as error:
             raise OpenAIError.from_request_error(error) from None
