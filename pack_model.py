@@ -20,7 +20,11 @@ from pathlib import Path
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tensorrtllm_backend.engine import runtime_version_for_image
+from tensorrtllm_backend.engine import (
+    EngineError,
+    check_runtime_compatibility,
+    runtime_version_for_image,
+)
 from tensorrtllm_backend.packing import PackError, PackPlan, plan, staging_dir, store
 
 DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
@@ -34,6 +38,25 @@ def _parse_pairs(items: list[str], flag: str) -> dict[str, str]:
             raise PackError(f"{flag} expects KEY=VALUE, got {item!r}")
         pairs[key.strip()] = value
     return pairs
+
+
+def _bentofile_image() -> str:
+    """docker.base_image of the bentofile.yaml beside this script, if any."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((Path(__file__).with_name("bentofile.yaml")).read_text())
+        return str(config["docker"]["base_image"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return ""
+
+
+def _default_image() -> str:
+    return os.environ.get("TRTLLM_BASE_IMAGE") or _bentofile_image()
+
+
+def _warn(message: str) -> None:
+    print(f"pack_model: warning: {message}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--target-image",
-        default=os.environ.get("TRTLLM_BASE_IMAGE", ""),
-        help="tritonserver image the Bento will run on; checks the engine's "
-        "TensorRT-LLM version against it",
+        help="tritonserver image the engines will run on: a TensorRT-LLM version mismatch is "
+        "an error (default: $TRTLLM_BASE_IMAGE or bentofile.yaml's docker.base_image, where a "
+        "mismatch is only a warning)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -204,7 +227,11 @@ def describe(pack: PackPlan) -> str:
 
 def run(args: argparse.Namespace) -> str | None:
     options = _options(args)
-    runtime = runtime_version_for_image(args.target_image) if args.target_image else None
+    explicit_image = args.target_image is not None
+    image = args.target_image if explicit_image else _default_image()
+    runtime = runtime_version_for_image(image) if image else None
+    if args.engine_dir is not None and image and runtime is None:
+        _warn(f"unknown TensorRT-LLM release in {image}; the engine's version is not checked")
     with staging_dir("pack-model-") as scratch:
         if args.engine_dir is not None:
             if args.tokenizer_dir is None:
@@ -215,9 +242,15 @@ def run(args: argparse.Namespace) -> str | None:
         name = args.name or DEFAULT_NAMES.get(source) or _default_name(engine_dir, args)
         pack = plan(
             name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,
-            option_overrides=options, runtime_version=runtime, route=args.route,
+            option_overrides=options, runtime_version=runtime if explicit_image else None,
+            route=args.route,
             loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()},
         )  # fmt: skip
+        if not explicit_image:
+            try:
+                check_runtime_compatibility(pack.engine, runtime)
+            except EngineError as error:
+                _warn(f"{error} (checked against the default image {image})")
         print(describe(pack))
         if args.dry_run:
             print("dry run: nothing stored")
@@ -240,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     except PackError as error:
         print(f"pack_model: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"pack_model: error: {error}; nothing stored", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("pack_model: interrupted, nothing stored", file=sys.stderr)
         return 130

@@ -104,7 +104,9 @@ class TRTLLM:
         except Exception as error:
             response: JSONResponse = error_response(error)
             return response  # type: ignore[return-value]
-        return result.to_response()
+        # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
+        body = result.to_response().model_dump(mode="json", exclude_none=True)
+        return JSONResponse(body)  # type: ignore[return-value]
 
 
 TRTLLM.add_asgi_middleware(GuardMiddleware)

@@ -33,6 +33,12 @@ NGC_TRTLLM_VERSIONS: dict[str, str] = {
     "25.01": "0.17.0",
     "25.02": "0.17.0",
     "25.03": "0.18.0",
+    "25.06": "0.20.0",
+    "25.07": "0.20.0",
+    "25.08": "0.21.0",
+    "25.09": "1.0.0",
+    "25.10": "1.0.0",
+    "25.12": "1.1.0",
 }
 
 
@@ -112,7 +118,14 @@ _RANK_FILE = re.compile(r"rank(\d+)\.engine$")
 
 
 def _check_rank_files(engine_dir: Path, world_size: int) -> list[str]:
-    files = sorted(p.name for p in engine_dir.glob("*.engine"))
+    entries = sorted(engine_dir.glob("*.engine"))
+    unreadable = [p.name for p in entries if not p.is_file()]
+    if unreadable:
+        raise EngineError(
+            f"{engine_dir}: {unreadable} are not regular files (dangling links or directories): "
+            "copy the real engine files there"
+        )
+    files = [p.name for p in entries]
     if not files:
         raise EngineError(
             f"no *.engine files in {engine_dir}: build the engines with trtllm-build first"
@@ -238,7 +251,7 @@ def check_runtime_compatibility(info: EngineInfo, runtime_version: str | None) -
         raise EngineError(
             f"the engine was built by TensorRT-LLM {info.version} but the serving image runs "
             f"TensorRT-LLM {runtime_version}: rebuild the engine with {runtime_version} or pick the "
-            f"matching tritonserver <tag>-trtllm-python-py3 image"
+            f"matching tritonserver <tag>-trtllm-python-py3 image (pack_model --target-image)"
         )
 
 

@@ -11,6 +11,7 @@ resolved when the service starts, so a Bento built on one machine runs on anothe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -252,24 +253,18 @@ def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> 
     (root / MANIFEST).write_text(json.dumps(pack.manifest(), indent=2) + "\n")
 
 
-@contextmanager
-def _cleanup_on_interrupt(tag: str) -> Iterator[None]:
-    """bentoml.models.create cleans up on Exception but not on Ctrl-C: make that atomic too."""
-    try:
-        yield
-    except BaseException:
-        import bentoml
-
-        try:
-            bentoml.models.delete(tag)
-        except Exception:  # not registered yet: nothing to remove
-            pass
-        raise
-
-
 def store(pack: PackPlan, version: str | None = None, show_progress: bool = True) -> str:
-    """Store the plan in the BentoML model store; returns the tag. All or nothing."""
+    """Store the plan in the BentoML model store; returns the tag. All or nothing.
+
+    ``bentoml.models.create`` stages a model in a temp dir and then *copies* it into the store,
+    which would copy every engine byte once more. This does what its save step does — register
+    the tag, write model.yaml — but writes straight into the store, hard-linking engines when on
+    the same filesystem. The directory is removed on any error or Ctrl-C, and model.yaml (which
+    makes the model visible) is written last.
+    """
     import bentoml
+    from bentoml._internal.configuration.containers import BentoMLContainer
+    from bentoml._internal.models.model import Model, ModelContext
     from bentoml._internal.tag import Tag
 
     _check_tag(pack.name, version)
@@ -280,9 +275,27 @@ def store(pack: PackPlan, version: str | None = None, show_progress: bool = True
         pass
     else:
         raise PackError(f"model {tag} already exists in the model store: pass another --tag")
-    with _cleanup_on_interrupt(str(tag)):
-        with bentoml.models.create(str(tag), labels=pack.labels, metadata=pack.metadata()) as model:
-            write_model_tree(pack, Path(model.path), show_progress)
+    model = Model.create(
+        tag,
+        module="",
+        api_version="v1",
+        signatures={},
+        labels=pack.labels,
+        metadata=pack.metadata(),
+        context=ModelContext(framework_name="", framework_versions={}),
+    )
+    model_store = BentoMLContainer.model_store.get()
+    with model_store.register(tag) as target:
+        root = Path(target)
+        try:
+            write_model_tree(pack, root, show_progress)
+            with (root / "model.yaml").open("w", encoding="utf8") as model_yaml:
+                model.info.dump(model_yaml)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                root.parent.rmdir()  # the name's folder, if this was its only version
+            raise
     return str(tag)
 
 

@@ -13,6 +13,7 @@ import ctypes
 import enum
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -228,15 +229,25 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+_ERROR_LINE = re.compile(r"^E\d{4} |error:|Poll failed|failed to load|UNAVAILABLE", re.IGNORECASE)
+
+
 def _tail(path: Path, lines: int = 40) -> str:
+    """The end of Triton's log for error messages: its error lines first (the cause tends to
+    scroll away behind the options table), then the last lines without the table."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
+            handle.seek(max(0, handle.tell() - 256 * 1024))
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    all_lines = text.splitlines()
+    errors = [line for line in all_lines if _ERROR_LINE.search(line)]
+    body = [line for line in all_lines if not line.startswith(("|", "+--"))]
+    tail = body[-lines:]
+    picked = [line for line in errors[-10:] if line not in tail]
+    return "\n".join([*picked, *(["..."] if picked else []), *tail])
 
 
 @dataclass

@@ -1,0 +1,93 @@
+"""`bentoml build` from the repository root: the Bento names the packed model, carries the service
+code and the Triton templates, and its Dockerfile starts from the NVIDIA Triton TensorRT-LLM image."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import bentoml
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def built_bento(demo_model: str) -> Iterator[bentoml.Bento]:
+    """Build once (the private BENTOML_HOME of tests/conftest.py is inherited); delete afterwards."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bentoml", "build", "--output", "tag"],
+        cwd=ROOT,
+        env={**os.environ, "TRTLLM_MODEL": demo_model},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    match = re.search(r"__tag__:(\S+)", result.stdout)
+    assert match, result.stdout[-2000:]
+    bento = bentoml.bentos.get(match.group(1))
+    yield bento
+    bentoml.bentos.delete(str(bento.tag))
+
+
+def test_bento_lists_the_demo_model(built_bento: bentoml.Bento, demo_model: str) -> None:
+    services = built_bento.info.services
+    assert [service.name for service in services] == ["trtllm"]
+    tags = {str(model.tag) for service in services for model in service.models}
+    assert demo_model in tags
+    assert built_bento.info.entry_service == "trtllm"
+
+
+def test_bento_resources_follow_the_cpu_engine(built_bento: bentoml.Bento) -> None:
+    (service,) = built_bento.info.services
+    assert service.config["resources"] == {"cpu": "2"}  # CPU engine: no GPU requested
+    assert service.config["workers"] == 1  # one worker owns the one tritonserver
+
+
+def test_bento_source_has_service_and_templates(built_bento: bentoml.Bento) -> None:
+    src = Path(built_bento.path_of("src"))
+    assert (src / "service.py").is_file()
+    assert (src / "pack_model.py").is_file()
+    assert (src / "tensorrtllm_backend" / "server.py").is_file()
+    templates = src / "tensorrtllm_backend" / "all_models" / "inflight_batcher_llm"
+    for model in (
+        "ensemble",
+        "preprocessing",
+        "tensorrt_llm",
+        "postprocessing",
+        "tensorrt_llm_bls",
+    ):
+        assert (templates / model / "config.pbtxt").is_file(), model
+    for model in ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
+        assert (templates / model / "1" / "model.py").is_file(), model
+    assert (templates / "ensemble" / "1").is_dir()  # Triton needs the version folder
+    assert (src / "tensorrtllm_backend" / "cpu_engine" / "corpus.txt").is_file()
+    assert not (src / "tests").exists()
+    assert not list(src.rglob("__pycache__"))
+    assert not list(src.rglob(".venv"))
+
+
+def test_dockerfile_starts_from_the_bentofile_image(built_bento: bentoml.Bento) -> None:
+    bentofile = yaml.safe_load((ROOT / "bentofile.yaml").read_text())
+    image = bentofile["docker"]["base_image"]
+    assert re.fullmatch(r"nvcr\.io/nvidia/tritonserver:\d{2}\.\d{2}-trtllm-python-py3", image)
+    dockerfile = Path(built_bento.path_of("env/docker/Dockerfile")).read_text()
+    froms = re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)
+    assert froms and froms[0] == image
+
+
+def test_bentofile_image_has_a_known_tensorrt_llm_release() -> None:
+    """pack_model checks an engine's version against the target image; for the image the Bento
+    actually uses the check is silently skipped when the image's release is unknown."""
+    from tensorrtllm_backend.engine import runtime_version_for_image
+
+    image = yaml.safe_load((ROOT / "bentofile.yaml").read_text())["docker"]["base_image"]
+    assert runtime_version_for_image(image) is not None, image
