@@ -285,17 +285,25 @@ def store(pack: PackPlan, version: str | None = None, show_progress: bool = True
         context=ModelContext(framework_name="", framework_versions={}),
     )
     model_store = BentoMLContainer.model_store.get()
-    with model_store.register(tag) as target:
-        root = Path(target)
-        try:
-            write_model_tree(pack, root, show_progress)
-            with (root / "model.yaml").open("w", encoding="utf8") as model_yaml:
-                model.info.dump(model_yaml)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
+    name_dir: Path | None = None
+    try:
+        with model_store.register(tag) as target:
+            root = Path(target)
+            name_dir = root.parent
+            try:
+                write_model_tree(pack, root, show_progress)
+                with (root / "model.yaml").open("w", encoding="utf8") as model_yaml:
+                    model.info.dump(model_yaml)
+            except Exception:
+                raise  # register() removes the directory
+            except BaseException:  # Ctrl-C: register() only cleans up after an Exception
+                shutil.rmtree(root, ignore_errors=True)
+                raise
+    except BaseException:
+        if name_dir is not None:
             with contextlib.suppress(OSError):
-                root.parent.rmdir()  # the name's folder, if this was its only version
-            raise
+                name_dir.rmdir()  # left empty when this was the name's only version
+        raise
     return str(tag)
 
 
