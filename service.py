@@ -10,7 +10,7 @@ ports; free ones by default), TRTLLM_STARTUP_TIMEOUT_S.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import bentoml
 from starlette.responses import JSONResponse
 
-from tensorrtllm_backend.deployment import model_tag, resources
+from tensorrtllm_backend.deployment import model_tag, resources, tracing_config
 from tensorrtllm_backend.errors import as_api_error, error_response
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
@@ -26,6 +26,7 @@ from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.streaming import coalesce, join_text
 
 logger = logging.getLogger("bentoml.trtllm")
 
@@ -49,6 +50,7 @@ openai_app = build_openai_app(_current_openai)
     workers=1,  # one worker owns the one tritonserver
     resources=resources(MODEL_TAG),
     traffic={"timeout": 600},  # the in-flight bound is GuardMiddleware's (429 + Retry-After)
+    tracing=tracing_config(),
 )
 class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
@@ -84,16 +86,22 @@ class TRTLLM:
             raise as_api_error(error) from None
         first = True
         try:
-            async with aclosing(self.runtime.generator.stream(prepared)) as chunks:
-                async for chunk in chunks:
-                    if chunk.text:
-                        first = False
-                        yield chunk.text
+            texts = coalesce(self._texts(prepared), join_text)
+            async with aclosing(texts) as pieces:
+                async for text in pieces:
+                    first = False
+                    yield text
         except Exception as error:
             if not first:
                 logger.warning("request %s failed mid-stream: %s", prepared.request_id, error)
                 raise
             raise as_api_error(error) from None
+
+    async def _texts(self, prepared: PreparedRequest) -> AsyncIterator[str]:
+        async with aclosing(self.runtime.generator.stream(prepared)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    yield chunk.text
 
     @bentoml.api(input_spec=GenerateRequest)
     async def generate_text(self, **fields: Any) -> GenerateResponse:

@@ -144,12 +144,25 @@ def text_outputs(params: SamplingParams) -> list[str]:
 
 
 def new_token_ids(result: InferResult) -> list[int]:
-    """Tokens of beam 0 in one streamed ``tensorrt_llm`` response."""
-    output_ids = result.as_numpy("output_ids")
-    lengths = result.as_numpy("sequence_length")
-    if output_ids is None or lengths is None or output_ids.size == 0:
+    """Tokens of beam 0 in one streamed ``tensorrt_llm`` response.
+
+    Read straight from the raw output bytes: this runs once per token, and building numpy
+    arrays through ``as_numpy`` costs more than the few int32 values inside. Triton's raw
+    tensors are little-endian, as is every platform TensorRT-LLM runs on.
+    """
+    response = result.get_response()
+    ids = lengths = None
+    beam_len = 0
+    for index, output in enumerate(response.outputs):
+        if output.name == "output_ids":
+            ids = response.raw_output_contents[index]
+            beam_len = output.shape[-1] if output.shape else 0
+        elif output.name == "sequence_length":
+            lengths = response.raw_output_contents[index]
+    if not ids or not lengths or not beam_len:
         return []
-    return output_ids[0, 0, : int(lengths[0, 0])].tolist()
+    count = min(int.from_bytes(lengths[:4], "little", signed=True), beam_len)
+    return memoryview(ids).cast("i")[:count].tolist()
 
 
 def response_text(result: InferResult) -> str:

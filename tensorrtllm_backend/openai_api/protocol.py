@@ -140,27 +140,6 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    finish_reason: str | None = None
-    logprobs: dict[str, Any] | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..client import TritonModelError, TritonUnavailableError
+from ..streaming import coalesce, join_text
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -142,7 +143,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
 
 async def _streaming_response(events: AsyncIterator[str]) -> StreamingResponse:
     """Start the stream only once its first event exists, so early failures get a real status."""
-    guarded = _guarded_stream(events)
+    guarded = coalesce(_guarded_stream(events), join_text)
     try:
         first = await anext(guarded)
     except StopAsyncIteration:

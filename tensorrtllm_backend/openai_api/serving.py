@@ -20,11 +20,8 @@ from ..schemas import FinishReason, SamplingParams
 from .protocol import (
     AssistantMessage,
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
@@ -290,8 +287,7 @@ class OpenAIServing:
     async def stream_completion(
         self, prepared: PreparedRequest, include_usage: bool
     ) -> AsyncIterator[str]:
-        created = int(time.time())
-        request_id = f"cmpl-{prepared.request_id}"
+        events_out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
         want = prepared.params.return_log_probs
         completion_tokens = 0
         async with aclosing(self._events(prepared)) as events:
@@ -306,39 +302,22 @@ class OpenAIServing:
                     if want and event.token_ids
                     else None
                 )
-                choice = CompletionChoice(
-                    text=event.text, finish_reason=event.finish_reason, logprobs=logprobs
-                )
-                yield sse(
-                    CompletionResponse(
-                        id=request_id, created=created, model=self.model_name, choices=[choice]
-                    )
+                yield events_out.choice(
+                    f'"text":{_json(event.text)},"finish_reason":{_json(event.finish_reason)},'
+                    f'"logprobs":{_json(logprobs)}'
                 )
         if include_usage:
-            yield sse(
-                CompletionResponse(
-                    id=request_id, created=created, model=self.model_name, choices=[],
-                    usage=self._usage(prepared, completion_tokens),
-                )
-            )  # fmt: skip
+            yield events_out.usage(self._usage(prepared, completion_tokens))
         yield SSE_DONE
 
     async def stream_chat(
         self, prepared: PreparedRequest, include_usage: bool
     ) -> AsyncIterator[str]:
-        created = int(time.time())
-        request_id = f"chatcmpl-{prepared.request_id}"
+        events_out = _ChunkEvents(
+            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
+        )
         want = prepared.params.return_log_probs
-
-        def chunk_of(delta: ChatDelta, finish: str | None = None, logprobs: Any = None) -> str:
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
-            return sse(
-                ChatCompletionChunk(
-                    id=request_id, created=created, model=self.model_name, choices=[choice]
-                )
-            )
-
-        yield chunk_of(ChatDelta(role="assistant", content=""))
+        yield events_out.choice('"delta":{"role":"assistant","content":""},"finish_reason":null')
         completion_tokens = 0
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
@@ -348,12 +327,31 @@ class OpenAIServing:
                     if want and event.token_ids
                     else None
                 )
-                yield chunk_of(ChatDelta(content=event.text), event.finish_reason, logprobs)
-        if include_usage:
-            yield sse(
-                ChatCompletionChunk(
-                    id=request_id, created=created, model=self.model_name, choices=[],
-                    usage=self._usage(prepared, completion_tokens),
+                yield events_out.choice(
+                    f'"delta":{{"content":{_json(event.text)}}},'
+                    f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}'
                 )
-            )  # fmt: skip
+        if include_usage:
+            yield events_out.usage(self._usage(prepared, completion_tokens))
         yield SSE_DONE
+
+
+_json = json.dumps
+
+
+class _ChunkEvents:
+    """SSE chunk events assembled from a pre-rendered head: this runs once per token, where
+    building and dumping pydantic models would dominate the serving cost."""
+
+    def __init__(self, object_type: str, request_id: str, model: str) -> None:
+        created = int(time.time())
+        self._head = (
+            f'data: {{"id":{_json(request_id)},"object":{_json(object_type)},'
+            f'"created":{created},"model":{_json(model)},"choices":['
+        )
+
+    def choice(self, body: str) -> str:
+        return f'{self._head}{{"index":0,{body}}}]}}\n\n'
+
+    def usage(self, usage: Usage) -> str:
+        return f'{self._head}],"usage":{usage.model_dump_json()}}}\n\n'

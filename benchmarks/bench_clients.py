@@ -1,0 +1,304 @@
+"""The load generator: one streaming client per target and a fixed-concurrency driver.
+
+Every client turns one request into a :class:`RequestRecord`; failures are recorded, never
+raised, so one bad request does not end a run. Token counting per target (issue 6):
+- grpc_direct: tokens in output_ids of each `tensorrt_llm` response;
+- triton_generate_stream: one token per SSE event (the synthetic engine sends one per step);
+- native / baseline: text chunks, checked against the text the engine must produce;
+- openai: completion_tokens of the include_usage chunk, and the text is checked as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+
+from .bench_stats import RequestRecord
+
+NO_END_ID = -1  # never stop on an end token: every request yields exactly max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCase:
+    """A prompt and what a complete answer looks like (None: unknown, e.g. a remote model)."""
+
+    text: str
+    ids: tuple[int, ...]
+    # Complete answers by kind: "decode" (the whole decode of the engine's tokens: the direct
+    # route's text) and, per Triton text model ("ensemble", "tensorrt_llm_bls"), the text that
+    # model streams, concatenated (its postprocessing decodes token by token).
+    expected: Mapping[str, str] = field(default_factory=dict)
+
+    def expected_text(self, kind: str | None) -> str | None:
+        return self.expected.get(kind) if kind else None
+
+
+RequestFn = Callable[[PromptCase], Awaitable[RequestRecord]]
+
+
+def judge_text(
+    received: str, expected: str | None, max_tokens: int, chunks: int
+) -> tuple[int, bool, bool]:
+    """(tokens, short, mismatch) of a text answer.
+
+    Complete text counts max_tokens; shorter text counts the share of the expected text that
+    arrived as a common prefix. Without an expectation, each non-empty chunk counts one token.
+    """
+    if expected is None:
+        return chunks, chunks < max_tokens, False
+    if received == expected:
+        return max_tokens, False, False
+    if len(received) < len(expected):
+        prefix = len(os.path.commonprefix([received, expected]))
+        return (max_tokens * prefix) // max(len(expected), 1), True, False
+    return max_tokens, False, True
+
+
+async def run_load(
+    request: RequestFn, prompts: Sequence[PromptCase], n: int, concurrency: int
+) -> tuple[list[RequestRecord], float]:
+    """n requests, at most `concurrency` in flight; returns the records and the wall time."""
+    records: list[RequestRecord] = []
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < n:
+            index = next_index
+            next_index += 1
+            records.append(await request(prompts[index % len(prompts)]))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
+    return records, time.perf_counter() - started
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+# -- (a) Triton gRPC, tensorrt_llm with token ids: the floor ----------------------------------
+class GrpcDirect:
+    """stream_infer on one shared aio client, like a lean in-process caller would do."""
+
+    def __init__(self, url: str, max_tokens: int, pad_id: int) -> None:
+        self.client = grpcclient.InferenceServerClient(url)
+        self.max_tokens = max_tokens
+        self.pad_id = pad_id
+        self._count = 0
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def _inputs(self, ids: Sequence[int]) -> list[grpcclient.InferInput]:
+        tensors = {
+            "input_ids": (np.array([ids], dtype=np.int32), "INT32"),
+            "input_lengths": (np.array([[len(ids)]], dtype=np.int32), "INT32"),
+            "request_output_len": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+            "end_id": (np.array([[NO_END_ID]], dtype=np.int32), "INT32"),
+            "pad_id": (np.array([[self.pad_id]], dtype=np.int32), "INT32"),
+            "streaming": (np.array([[True]], dtype=np.bool_), "BOOL"),
+        }
+        inputs = []
+        for name, (array, dtype) in tensors.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        self._count += 1
+        request = {
+            "model_name": "tensorrt_llm",
+            "inputs": self._inputs(prompt.ids),
+            "outputs": [
+                grpcclient.InferRequestedOutput("output_ids"),
+                grpcclient.InferRequestedOutput("sequence_length"),
+            ],
+            "request_id": f"bench-{self._count}",
+        }
+
+        async def one() -> AsyncIterator[dict[str, object]]:
+            yield request
+
+        record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
+        try:
+            async for result, error in self.client.stream_infer(one()):
+                if error is not None:
+                    record.error = _error_text(error)
+                    break
+                lengths = result.as_numpy("sequence_length")
+                count = int(lengths.reshape(-1)[0]) if lengths is not None else 0
+                if count:
+                    now = time.perf_counter()
+                    record.first_output = record.first_output or now
+                    record.last_output = now
+                    record.tokens += count
+        except Exception as error:  # recorded: a run reports errors instead of stopping
+            record.error = _error_text(error)
+        record.end = time.perf_counter()
+        record.short = record.error is None and record.tokens < self.max_tokens
+        return record
+
+
+# -- HTTP streaming clients -------------------------------------------------------------------
+def http_client(concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(
+        max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
+    )
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0))
+
+
+async def _sse_events(response: httpx.Response) -> AsyncIterator[str]:
+    """The data payloads of a server-sent-event stream."""
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+class TritonGenerateStream:
+    """(b) POST /v2/models/<model>/generate_stream: one SSE event per engine step."""
+
+    def __init__(self, client: httpx.AsyncClient, base_url: str, max_tokens: int,
+                 model: str = "ensemble") -> None:  # fmt: skip
+        self.client = client
+        self.url = f"{base_url}/v2/models/{model}/generate_stream"
+        self.max_tokens = max_tokens
+
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        body = {"text_input": prompt.text, "max_tokens": self.max_tokens, "stream": True,
+                "end_id": NO_END_ID}  # fmt: skip
+        record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
+        try:
+            async with self.client.stream("POST", self.url, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                async for data in _sse_events(response):
+                    event = json.loads(data)
+                    if "error" in event:
+                        raise RuntimeError(str(event["error"]))
+                    if "text_output" in event:
+                        now = time.perf_counter()
+                        record.first_output = record.first_output or now
+                        record.last_output = now
+                        record.tokens += 1
+        except Exception as error:
+            record.error = _error_text(error)
+        record.end = time.perf_counter()
+        record.short = record.error is None and record.tokens < self.max_tokens
+        return record
+
+
+class TextStream:
+    """(c) our native POST /generate and (e) the baseline proxy: a plain stream of text chunks."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, max_tokens: int,
+                 expect: str | None = "decode", native: bool = True,
+                 count_tokens: Callable[[str], int] | None = None) -> None:  # fmt: skip
+        self.client = client
+        self.url = url
+        self.max_tokens = max_tokens
+        self.expect = expect  # which PromptCase.expected text a complete answer equals
+        self.native = native
+        self.count_tokens = count_tokens  # without an expectation: tokens of the received text
+
+    def _body(self, prompt: PromptCase) -> dict[str, object]:
+        if self.native:
+            return {"prompt": prompt.text, "max_tokens": self.max_tokens, "ignore_eos": True}
+        return {"prompt": prompt.text, "max_tokens": self.max_tokens}
+
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
+        parts: list[str] = []
+        chunks = 0
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        try:
+            async with self.client.stream("POST", self.url, json=self._body(prompt)) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                async for raw in response.aiter_raw():
+                    text = decoder.decode(raw)
+                    if text:
+                        now = time.perf_counter()
+                        record.first_output = record.first_output or now
+                        record.last_output = now
+                        parts.append(text)
+                        chunks += 1
+                parts.append(decoder.decode(b"", final=True))
+        except Exception as error:
+            record.error = _error_text(error)
+        record.end = time.perf_counter()
+        if record.error is None:
+            expected = prompt.expected_text(self.expect)
+            received = "".join(parts)
+            record.tokens, record.short, record.mismatch = judge_text(
+                received, expected, self.max_tokens, chunks
+            )
+            if expected is None and self.count_tokens is not None:
+                record.tokens = self.count_tokens(received)
+                record.short = record.tokens < self.max_tokens
+        return record
+
+
+class OpenAICompletions:
+    """(d) POST /v1/completions stream=true with include_usage."""
+
+    def __init__(self, client: httpx.AsyncClient, base_url: str, model: str, max_tokens: int,
+                 expect: str | None = "decode") -> None:  # fmt: skip
+        self.client = client
+        self.url = f"{base_url}/v1/completions"
+        self.model = model
+        self.max_tokens = max_tokens
+        self.expect = expect
+
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        body = {
+            "model": self.model, "prompt": prompt.text, "max_tokens": self.max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+        }  # fmt: skip
+        record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
+        parts: list[str] = []
+        usage_tokens: int | None = None
+        try:
+            async with self.client.stream("POST", self.url, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                async for data in _sse_events(response):
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        raise RuntimeError(str(event["error"]))
+                    if event.get("usage"):
+                        usage_tokens = int(event["usage"]["completion_tokens"])
+                    for choice in event.get("choices") or ():
+                        if choice.get("text"):
+                            now = time.perf_counter()
+                            record.first_output = record.first_output or now
+                            record.last_output = now
+                            parts.append(choice["text"])
+        except Exception as error:
+            record.error = _error_text(error)
+        record.end = time.perf_counter()
+        if record.error is None:
+            expected = prompt.expected_text(self.expect)
+            text_tokens, short, mismatch = judge_text(
+                "".join(parts), expected, self.max_tokens, len(parts)
+            )
+            record.tokens = usage_tokens if usage_tokens is not None else text_tokens
+            text_short = short and expected is not None  # chunks are not tokens
+            record.short = text_short or record.tokens < self.max_tokens
+            record.mismatch = mismatch
+        return record

@@ -1,0 +1,302 @@
+"""Per-request records of a streaming load test, their summary per target, and the report table.
+
+Kept free of any client or process code so the numbers can be unit-tested on their own.
+
+Definitions (the same for every target, so ratios compare like with like):
+- TTFT: request sent → first response that carries output (a token, or a non-empty text chunk);
+- ITL: per request, (last output − first output) / (output tokens − 1), as genai-perf counts it;
+  avg/p50/p99 are taken over requests;
+- tokens/s and requests/s: totals of the measured requests over the wall time of the run;
+- short: a request that ended without error but with fewer tokens (or less text) than expected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+REFERENCE_TARGET = "grpc_direct"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one streamed request did; times are time.perf_counter() seconds."""
+
+    start: float
+    end: float
+    first_output: float | None = None
+    last_output: float | None = None
+    tokens: int = 0
+    expected_tokens: int = 0
+    error: str | None = None
+    short: bool = False
+    mismatch: bool = False  # complete length but different text (reported, not counted short)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_output is None else self.first_output - self.start
+
+    @property
+    def itl_s(self) -> float | None:
+        if self.first_output is None or self.last_output is None or self.tokens < 2:
+            return None
+        return (self.last_output - self.first_output) / (self.tokens - 1)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); None for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside [0, 100]")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass(slots=True)
+class Distribution:
+    """avg / p50 / p99 in milliseconds (None when nothing was measured)."""
+
+    avg: float | None
+    p50: float | None
+    p99: float | None
+
+    @classmethod
+    def of_seconds(cls, values: Iterable[float]) -> Distribution:
+        ms = [v * 1000.0 for v in values]
+        return cls(_mean(ms), percentile(ms, 50), percentile(ms, 99))
+
+
+@dataclass(slots=True)
+class TargetSummary:
+    """One target measured in one cell (ITL, concurrency)."""
+
+    target: str
+    cell: str
+    concurrency: int
+    requests: int
+    completed: int
+    errors: int
+    short: int
+    mismatched: int
+    wall_s: float
+    output_tokens: int
+    requests_per_s: float
+    tokens_per_s: float
+    ttft_ms: Distribution
+    itl_ms: Distribution
+    first_error: str | None = None
+    ratios: dict[str, float | None] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(
+    target: str, cell: str, concurrency: int, records: Sequence[RequestRecord], wall_s: float
+) -> TargetSummary:
+    """Aggregate the records of one run; errors count as requests but not as output."""
+    ok = [r for r in records if r.error is None]
+    errors = [r for r in records if r.error is not None]
+    tokens = sum(r.tokens for r in ok)
+    wall = max(wall_s, 1e-9)
+    return TargetSummary(
+        target=target,
+        cell=cell,
+        concurrency=concurrency,
+        requests=len(records),
+        completed=len(ok),
+        errors=len(errors),
+        short=sum(1 for r in ok if r.short),
+        mismatched=sum(1 for r in ok if r.mismatch),
+        wall_s=wall_s,
+        output_tokens=tokens,
+        requests_per_s=len(ok) / wall,
+        tokens_per_s=tokens / wall,
+        ttft_ms=Distribution.of_seconds(t for r in ok if (t := r.ttft_s) is not None),
+        itl_ms=Distribution.of_seconds(t for r in ok if (t := r.itl_s) is not None),
+        first_error=errors[0].error if errors else None,
+    )
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference == 0:
+        return None
+    return value / reference
+
+
+def add_ratios(summaries: Sequence[TargetSummary], reference: str = REFERENCE_TARGET) -> None:
+    """Fill each summary's ratios to the reference target of the same cell (in place).
+
+    tokens_per_s and requests_per_s are ratios (higher is better); ttft_p50/ttft_p99/itl_p50 are
+    ratios too (lower is better) and ttft_p50_delta_ms is the difference in milliseconds.
+    """
+    by_cell = {s.cell: s for s in summaries if s.target == reference}
+    for summary in summaries:
+        base = by_cell.get(summary.cell)
+        if base is None:
+            summary.ratios = {}
+            continue
+        delta = (
+            summary.ttft_ms.p50 - base.ttft_ms.p50
+            if summary.ttft_ms.p50 is not None and base.ttft_ms.p50 is not None
+            else None
+        )
+        summary.ratios = {
+            "tokens_per_s": _ratio(summary.tokens_per_s, base.tokens_per_s),
+            "requests_per_s": _ratio(summary.requests_per_s, base.requests_per_s),
+            "ttft_p50": _ratio(summary.ttft_ms.p50, base.ttft_ms.p50),
+            "ttft_p99": _ratio(summary.ttft_ms.p99, base.ttft_ms.p99),
+            "itl_p50": _ratio(summary.itl_ms.p50, base.itl_ms.p50),
+            "ttft_p50_delta_ms": delta,
+        }
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _dist(d: Distribution) -> str:
+    return f"{_num(d.avg)}/{_num(d.p50)}/{_num(d.p99)}"
+
+
+COLUMNS = (
+    "target", "req/s", "tok/s", "x tok/s", "TTFT ms avg/p50/p99", "x TTFT p50", "ITL ms avg/p50/p99",
+    "err", "short",
+)  # fmt: skip
+
+
+def table_rows(summaries: Sequence[TargetSummary]) -> list[list[str]]:
+    rows = []
+    for s in summaries:
+        rows.append(
+            [
+                s.target,
+                _num(s.requests_per_s, 2),
+                _num(s.tokens_per_s, 0),
+                _num(s.ratios.get("tokens_per_s"), 2),
+                _dist(s.ttft_ms),
+                _num(s.ratios.get("ttft_p50"), 2),
+                _dist(s.itl_ms),
+                str(s.errors),
+                str(s.short),
+            ]
+        )
+    return rows
+
+
+def format_table(summaries: Sequence[TargetSummary]) -> str:
+    """A plain-text table, one block per cell, in the order the summaries were measured."""
+    cells: dict[str, list[TargetSummary]] = {}
+    for summary in summaries:
+        cells.setdefault(summary.cell, []).append(summary)
+    blocks = []
+    for cell, members in cells.items():
+        rows = [list(COLUMNS), *table_rows(members)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+        lines = [f"== {cell} =="]
+        for index, row in enumerate(rows):
+            cells_text = [
+                text.ljust(width) if column == 0 else text.rjust(width)
+                for column, (text, width) in enumerate(zip(row, widths, strict=True))
+            ]
+            lines.append("  ".join(cells_text).rstrip())
+            if index == 0:
+                lines.append("  ".join("-" * width for width in widths))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """One of issue 6's targets, checked against a run (informational, never fails the run)."""
+
+    name: str
+    cell: str
+    passed: bool | None  # None: the cell or a target was not measured
+    detail: str
+
+
+def _find(summaries: Sequence[TargetSummary], cell: str, target: str) -> TargetSummary | None:
+    return next((s for s in summaries if s.cell == cell and s.target == target), None)
+
+
+def check_goals(
+    summaries: Sequence[TargetSummary], native: str, openai: str, high_itl_cell: str, zero_cell: str
+) -> list[Goal]:
+    """The optimisation targets of issue 6, evaluated on this run's numbers."""
+    goals: list[Goal] = []
+    direct = _find(summaries, high_itl_cell, REFERENCE_TARGET)
+    nat = _find(summaries, high_itl_cell, native)
+    if direct and nat:
+        ratio = _ratio(nat.tokens_per_s, direct.tokens_per_s)
+        goals.append(
+            Goal(
+                "native tok/s >= 0.97x direct",
+                high_itl_cell,
+                ratio is not None and ratio >= 0.97,
+                f"{_num(ratio, 3)}x",
+            )  # fmt: skip
+        )
+        delta = nat.ratios.get("ttft_p50_delta_ms")
+        goals.append(
+            Goal(
+                "native TTFT p50 <= direct + 5 ms",
+                high_itl_cell,
+                delta is not None and delta <= 5.0,
+                f"{_num(delta)} ms",
+            )  # fmt: skip
+        )
+    else:
+        goals.append(Goal("native tok/s >= 0.97x direct", high_itl_cell, None, "not measured"))
+    nat0 = _find(summaries, zero_cell, native)
+    gen0 = _find(summaries, zero_cell, "triton_generate_stream")
+    base0 = _find(summaries, zero_cell, "baseline_proxy")
+    if nat0 and gen0:
+        ok = nat0.tokens_per_s >= gen0.tokens_per_s
+        goals.append(
+            Goal(
+                "native tok/s >= Triton generate_stream",
+                zero_cell,
+                ok,
+                f"{_num(nat0.tokens_per_s, 0)} vs {_num(gen0.tokens_per_s, 0)}",
+            )  # fmt: skip
+        )
+    if nat0 and base0:
+        ratio = _ratio(nat0.tokens_per_s, base0.tokens_per_s)
+        goals.append(
+            Goal(
+                "native tok/s >= 2x baseline",
+                zero_cell,
+                ratio is not None and ratio >= 2.0,
+                f"{_num(ratio, 2)}x",
+            )  # fmt: skip
+        )
+    for cell in (zero_cell, high_itl_cell):
+        nat_c = _find(summaries, cell, native)
+        oai = _find(summaries, cell, openai)
+        if nat_c and oai:
+            ratio = _ratio(oai.tokens_per_s, nat_c.tokens_per_s)
+            goals.append(
+                Goal(
+                    "OpenAI tok/s within 10% of native",
+                    cell,
+                    ratio is not None and ratio >= 0.9,
+                    f"{_num(ratio, 3)}x",
+                )  # fmt: skip
+            )
+    return goals
+
+
+def format_goals(goals: Sequence[Goal]) -> str:
+    marks = {True: "PASS", False: "MISS", None: "n/a "}
+    return "\n".join(f"[{marks[g.passed]}] {g.name} ({g.cell}): {g.detail}" for g in goals)

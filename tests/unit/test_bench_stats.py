@@ -1,0 +1,152 @@
+"""The benchmark's numbers: percentiles, per-target summaries, ratios to direct gRPC, the table,
+the issue-6 goal checks and how text answers are judged complete."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.bench_clients import PromptCase, judge_text, run_load
+from benchmarks.bench_stats import (
+    COLUMNS,
+    Distribution,
+    RequestRecord,
+    add_ratios,
+    check_goals,
+    format_goals,
+    format_table,
+    percentile,
+    summarize,
+)
+
+CELL = "ITL 0 ms, C=2"
+
+
+def record(start: float, first: float, last: float, tokens: int, **kw: object) -> RequestRecord:
+    return RequestRecord(start=start, end=last, first_output=first, last_output=last,
+                         tokens=tokens, expected_tokens=tokens, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 99) == pytest.approx(3.97)
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_record_ttft_and_itl() -> None:
+    r = record(10.0, 10.05, 10.25, tokens=5)
+    assert r.ttft_s == pytest.approx(0.05)
+    assert r.itl_s == pytest.approx(0.05)  # 4 gaps over 0.2 s
+    assert record(0.0, 0.1, 0.1, tokens=1).itl_s is None  # one token: no gap
+    assert RequestRecord(start=0.0, end=1.0, error="boom").ttft_s is None
+
+
+def test_summary_counts_errors_and_short_separately() -> None:
+    records = [
+        record(0.0, 0.01, 0.11, tokens=11),
+        record(0.0, 0.03, 0.13, tokens=11),
+        record(0.0, 0.02, 0.07, tokens=6, short=True),
+        RequestRecord(start=0.0, end=0.5, error="HTTP 503: busy"),
+    ]
+    s = summarize("native[direct]", CELL, 2, records, wall_s=2.0)
+    assert (s.requests, s.completed, s.errors, s.short) == (4, 3, 1, 1)
+    assert s.output_tokens == 28
+    assert s.tokens_per_s == pytest.approx(14.0)
+    assert s.requests_per_s == pytest.approx(1.5)
+    assert s.ttft_ms.avg == pytest.approx(20.0)
+    assert s.ttft_ms.p50 == pytest.approx(20.0)
+    assert s.itl_ms.p50 == pytest.approx(10.0)
+    assert s.first_error == "HTTP 503: busy"
+
+
+def test_summary_of_only_failures_has_no_latencies() -> None:
+    s = summarize("openai[direct]", CELL, 2, [RequestRecord(0.0, 1.0, error="x")], wall_s=1.0)
+    assert s.tokens_per_s == 0.0
+    assert s.ttft_ms == Distribution(None, None, None)
+    assert s.itl_ms.p99 is None
+
+
+def _pair(direct_tokens: int, native_tokens: int, native_ttft: float) -> list:
+    direct = summarize("grpc_direct", CELL, 1, [record(0.0, 0.010, 0.1, direct_tokens)], 1.0)
+    native = summarize(
+        "native[direct]", CELL, 1, [record(0.0, native_ttft, 0.1, native_tokens)], 1.0
+    )
+    return [direct, native]
+
+
+def test_ratios_are_relative_to_direct_grpc_of_the_same_cell() -> None:
+    summaries = _pair(100, 90, 0.013)
+    other_cell = summarize("native[direct]", "ITL 20 ms, C=1", 1, [record(0, 0.1, 0.2, 5)], 1.0)
+    add_ratios([*summaries, other_cell])
+    direct, native = summaries
+    assert direct.ratios["tokens_per_s"] == pytest.approx(1.0)
+    assert native.ratios["tokens_per_s"] == pytest.approx(0.9)
+    assert native.ratios["ttft_p50"] == pytest.approx(1.3)
+    assert native.ratios["ttft_p50_delta_ms"] == pytest.approx(3.0)
+    assert other_cell.ratios == {}  # no direct measurement in that cell
+
+
+def test_table_has_one_block_per_cell_and_all_columns() -> None:
+    summaries = _pair(100, 90, 0.013)
+    add_ratios(summaries)
+    text = format_table(summaries)
+    lines = text.splitlines()
+    assert lines[0] == f"== {CELL} =="
+    assert all(column.split()[0] in lines[1] for column in COLUMNS)
+    native_line = next(line for line in lines if line.startswith("native[direct]"))
+    assert "0.90" in native_line and "13.0/13.0/13.0" in native_line
+    assert set(lines[2]) == {"-", " "}  # separator under the header
+
+
+def test_goals_report_pass_and_miss() -> None:
+    high, zero = "ITL 20 ms, C=128", "ITL 0 ms, C=64"
+    direct = summarize("grpc_direct", high, 128, [record(0.0, 0.010, 1.0, 100)], 1.0)
+    native = summarize("native[direct]", high, 128, [record(0.0, 0.012, 1.0, 98)], 1.0)
+    openai = summarize("openai[direct]", high, 128, [record(0.0, 0.012, 1.0, 80)], 1.0)
+    add_ratios([direct, native, openai])
+    goals = {(g.name, g.cell): g for g in check_goals([direct, native, openai],
+                                                       "native[direct]", "openai[direct]", high, zero)}  # fmt: skip
+    assert goals[("native tok/s >= 0.97x direct", high)].passed is True
+    assert goals[("native TTFT p50 <= direct + 5 ms", high)].passed is True
+    assert goals[("OpenAI tok/s within 10% of native", high)].passed is False
+    assert "[MISS]" in format_goals(list(goals.values()))
+
+
+def test_goals_without_measurements_are_not_applicable() -> None:
+    goals = check_goals([], "native[direct]", "openai[direct]", "a", "b")
+    assert [g.passed for g in goals] == [None]
+
+
+def test_judge_text_complete_short_and_mismatch() -> None:
+    assert judge_text("hello world", "hello world", 10, chunks=3) == (10, False, False)
+    tokens, short, mismatch = judge_text("hello", "hello world", 10, chunks=1)
+    assert (short, mismatch) == (True, False) and tokens == math.floor(10 * 5 / 11)
+    assert judge_text("hello there", "hello world", 10, chunks=2) == (10, False, True)
+    assert judge_text("abc", None, 10, chunks=4) == (4, True, False)  # no expectation: chunks
+
+
+async def test_run_load_keeps_concurrency_and_runs_n_requests() -> None:
+    import asyncio
+
+    in_flight = 0
+    peak = 0
+
+    async def fake(prompt: PromptCase) -> RequestRecord:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        return RequestRecord(start=0.0, end=0.0, tokens=len(prompt.text))
+
+    prompts = [PromptCase("a", ()), PromptCase("bb", ())]
+    records, wall = await run_load(fake, prompts, n=9, concurrency=3)
+    assert len(records) == 9 and peak == 3 and wall > 0
+    assert sorted(r.tokens for r in records) == [1] * 5 + [2] * 4
