@@ -182,60 +182,66 @@ class Generator:
         return adapter
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
-        """Text chunks as they become final; the last chunk carries the finish reason."""
-        chunks = self._stream(request)
-        if self.metrics is not None:
-            chunks = self.metrics.observe(request.api, len(request.prompt_ids), chunks)
-        async with aclosing(chunks) as observed:
-            async for chunk in observed:
-                yield chunk
+        """Text chunks as they become final; the last chunk carries the finish reason.
 
-    async def _stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
+        One loop does the per-token work (decode, stop strings, metrics): every extra async
+        generator layer on this path costs CPU per token.
+        """
         params = request.params
+        tracker = self.metrics.track(request.api, len(request.prompt_ids)) if self.metrics else None
+        decode = (
+            _DirectDecoder(self.tokenizer, params.return_log_probs)
+            if self.route is Route.DIRECT
+            else _TextDecoder(self.tokenizer, params.return_log_probs)
+        )
         stops = StopStringMatcher(params.stop)
-        if not params.exclude_input_in_output:
-            yield GenerationChunk(text=request.prompt)
         generated = 0
         stopped = False
-        async with aclosing(self._engine_pieces(request)) as pieces:
-            async for text, token_ids, log_probs in pieces:
-                generated += len(token_ids)
-                emit, stopped = stops.feed(text)
-                if emit or token_ids:
-                    yield GenerationChunk(emit, token_ids, log_probs)
-                if stopped:
-                    break  # leaving the loop cancels the Triton request
-        tail = "" if stopped else stops.flush()
-        hit_length = not stopped and generated >= params.max_tokens
-        yield GenerationChunk(
-            tail, finish_reason=FinishReason.LENGTH if hit_length else FinishReason.STOP
-        )
-
-    async def _engine_pieces(
-        self, request: PreparedRequest
-    ) -> AsyncIterator[tuple[str, list[int], list[float] | None]]:
-        """(final text, new token ids, their log probs) per Triton response."""
-        want_log_probs = request.params.return_log_probs
-        if self.route is Route.DIRECT:
-            detokenizer = IncrementalDetokenizer(self.tokenizer)
+        failure: BaseException | None = None
+        try:
+            if not params.exclude_input_in_output:
+                yield GenerationChunk(text=request.prompt)
             async with aclosing(self._results(request)) as results:
                 async for result in results:
-                    ids = new_token_ids(result)
-                    log_probs = response_log_probs(result, len(ids)) if want_log_probs else None
-                    yield detokenizer.feed(ids), ids, log_probs
-            yield detokenizer.flush(), [], None
-            return
-        async with aclosing(self._results(request)) as results:
-            async for result in results:
-                text = response_text(result)
-                # The text routes return no ids: count tokens by re-encoding the delta.
-                ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
-                yield text, ids, response_log_probs(result, len(ids)) if want_log_probs else None
+                    text, token_ids, log_probs = decode(result)
+                    generated += len(token_ids)
+                    if tracker is not None:
+                        tracker.tokens(len(token_ids))
+                    emit, stopped = stops.feed(text) if stops.active else (text, False)
+                    if emit or token_ids:
+                        yield GenerationChunk(emit, token_ids, log_probs)
+                    if stopped:
+                        break  # leaving the loop cancels the Triton request
+            if not stopped:
+                emit, stopped = stops.feed(decode.flush())
+                tail = "" if stopped else emit + stops.flush()
+            else:
+                tail = ""
+            hit_length = not stopped and generated >= params.max_tokens
+            reason = FinishReason.LENGTH if hit_length else FinishReason.STOP
+            if tracker is not None:
+                tracker.finish = reason.value
+            yield GenerationChunk(tail, finish_reason=reason)
+        except BaseException as error:
+            failure = error
+            raise
+        finally:
+            if tracker is not None:
+                tracker.close(failure)
 
-    async def _results(self, request: PreparedRequest) -> AsyncIterator[InferResult]:
-        """The Triton stream; a LoRA adapter evicted from the backend's cache is sent again."""
-        adapter = request.lora
-        send_weights = adapter is not None and self.loras.needs_weights(adapter)
+    def _results(self, request: PreparedRequest) -> AsyncIterator[InferResult]:
+        """The Triton stream of a request (with the LoRA cache protocol when it names one)."""
+        if request.lora is None:
+            tensors, outputs = self._triton_inputs(request, False)
+            return self.client.stream(self.model_name, tensors, outputs, request.request_id)
+        return self._results_with_lora(request, request.lora)
+
+    async def _results_with_lora(
+        self, request: PreparedRequest, adapter: LoraAdapter
+    ) -> AsyncIterator[InferResult]:
+        """Weights go with an adapter's first request; one evicted from the backend's cache is
+        sent again with its weights."""
+        send_weights = self.loras.needs_weights(adapter)
         for attempt in range(2):
             tensors, outputs = self._triton_inputs(request, send_weights)
             received = False
@@ -244,16 +250,16 @@ class Generator:
                     self.client.stream(self.model_name, tensors, outputs, request.request_id)
                 ) as results:
                     async for result in results:
-                        if adapter is not None and not received:
+                        if not received:
                             self.loras.mark_sent(adapter)
-                        received = True
+                            received = True
                         yield result
                 return
             except TritonModelError as error:
-                evicted = adapter is not None and "not found" in str(error).lower()
+                evicted = "not found" in str(error).lower()
                 if received or send_weights or not evicted or attempt:
                     raise
-                self.loras.mark_sent(adapter, sent=False)  # type: ignore[arg-type]
+                self.loras.mark_sent(adapter, sent=False)
                 send_weights = True
 
     def _triton_inputs(
@@ -306,3 +312,36 @@ class Generator:
             finish_reason=finish_reason,
             log_probs=log_probs,
         )
+
+
+class _DirectDecoder:
+    """tensorrt_llm responses → (final text, token ids, log probs)."""
+
+    def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer)
+        self._want_log_probs = want_log_probs
+
+    def __call__(self, result: InferResult) -> tuple[str, list[int], list[float] | None]:
+        ids = new_token_ids(result)
+        log_probs = response_log_probs(result, len(ids)) if self._want_log_probs else None
+        return self._detokenizer.feed(ids), ids, log_probs
+
+    def flush(self) -> str:
+        return self._detokenizer.flush()
+
+
+class _TextDecoder:
+    """ensemble / BLS responses carry text only: tokens are counted by re-encoding the delta."""
+
+    def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
+        self._tokenizer = tokenizer
+        self._want_log_probs = want_log_probs
+
+    def __call__(self, result: InferResult) -> tuple[str, list[int], list[float] | None]:
+        text = response_text(result)
+        ids = self._tokenizer.encode(text, add_special_tokens=False) if text else []
+        log_probs = response_log_probs(result, len(ids)) if self._want_log_probs else None
+        return text, ids, log_probs
+
+    def flush(self) -> str:
+        return ""

@@ -6,10 +6,8 @@ prometheus_client to multiprocess mode when its worker starts, after service.py 
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
-
-from .schemas import GenerationChunk
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -76,47 +74,54 @@ class GenerationMetrics:
     def record_rejected(self, api: str, kind: str) -> None:
         self.errors.labels(api, kind).inc()
 
-    async def observe(
-        self, api: str, prompt_tokens: int, chunks: AsyncIterator[GenerationChunk]
-    ) -> AsyncIterator[GenerationChunk]:
-        """Pass chunks through, timing them. Per-token latency is the gap divided by the tokens
-        that arrived together, so batched deliveries are not counted as zero-latency tokens."""
-        start = last = time.perf_counter()
-        first_seen = False
-        generated = 0
-        finish = "incomplete"
-        itl = self.inter_token_latency.labels(api)
+    def track(self, api: str, prompt_tokens: int) -> RequestTracker:
         self.in_flight.labels(api).inc()
         self.prompt_tokens.labels(api).inc(prompt_tokens)
-        try:
-            async for chunk in chunks:
-                count = len(chunk.token_ids)
-                if count:
-                    now = time.perf_counter()
-                    if not first_seen:
-                        self.time_to_first_token.labels(api).observe(now - start)
-                        first_seen = True
-                        count -= 1
-                    if count:
-                        gap = (now - last) / count
-                        for _ in range(count):
-                            itl.observe(gap)
-                    last = now
-                    generated += len(chunk.token_ids)
-                if chunk.finish_reason is not None:
-                    finish = chunk.finish_reason.value
-                yield chunk
-        except BaseException as error:
-            kind = "cancelled" if isinstance(error, GeneratorExit) else type(error).__name__
-            if kind != "cancelled":
-                self.errors.labels(api, kind).inc()
-            finish = "cancelled" if kind == "cancelled" else "error"
-            raise
-        finally:
-            self.in_flight.labels(api).dec()
-            self.completion_tokens.labels(api).inc(generated)
-            self.requests.labels(api, finish).inc()
-            self.request_duration.labels(api).observe(time.perf_counter() - start)
+        return RequestTracker(self, api)
+
+
+class RequestTracker:
+    """Timing of one request, fed inline by the generation loop (no extra generator layer on the
+    per-token path). Per-token latency is the gap divided by the tokens that arrived together,
+    so batched deliveries are not counted as zero-latency tokens."""
+
+    __slots__ = ("_api", "_itl", "_last", "_metrics", "_start", "finish", "generated")
+
+    def __init__(self, metrics: GenerationMetrics, api: str) -> None:
+        self._metrics = metrics
+        self._api = api
+        self._itl = metrics.inter_token_latency.labels(api)
+        self._start = self._last = time.perf_counter()
+        self.generated = 0
+        self.finish = "incomplete"
+
+    def tokens(self, count: int) -> None:
+        if not count:
+            return
+        now = time.perf_counter()
+        if not self.generated:
+            self._metrics.time_to_first_token.labels(self._api).observe(now - self._start)
+            count_after_first = count - 1
+        else:
+            count_after_first = count
+        if count_after_first:
+            gap = (now - self._last) / count_after_first
+            for _ in range(count_after_first):
+                self._itl.observe(gap)
+        self._last = now
+        self.generated += count
+
+    def close(self, error: BaseException | None) -> None:
+        metrics, api = self._metrics, self._api
+        if error is not None:
+            cancelled = isinstance(error, GeneratorExit | asyncio.CancelledError)
+            if not cancelled:
+                metrics.errors.labels(api, type(error).__name__).inc()
+            self.finish = "cancelled" if cancelled else "error"
+        metrics.in_flight.labels(api).dec()
+        metrics.completion_tokens.labels(api).inc(self.generated)
+        metrics.requests.labels(api, self.finish).inc()
+        metrics.request_duration.labels(api).observe(time.perf_counter() - self._start)
 
 
 _metrics: GenerationMetrics | None = None

@@ -204,6 +204,11 @@ class StopStringMatcher:
         self._held = ""
         self.stopped = False
 
+    @property
+    def active(self) -> bool:
+        """False when there is nothing to match (callers may skip feed())."""
+        return bool(self._stops)
+
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, stopped)."""
         if self.stopped:
