@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import InferResult
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,19 @@ class TritonModelError(TritonClientError):
     """A model in tritonserver answered the request with an error."""
 
 
+# tritonclient's defaults (no message size limit) plus a short reconnect backoff: when the
+# supervisor restarts tritonserver on the same port, the channel must find it within a second,
+# not after gRPC's default backoff of up to two minutes.
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 2**31 - 1),
+]
+
+
 def make_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
     inputs = []
     for name, array in tensors.items():
@@ -56,7 +69,7 @@ class TritonLLMClient:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
 
     async def close(self) -> None:
         await self._client.close()
