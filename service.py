@@ -19,7 +19,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.deployment import model_tag, resources, tracing_config
-from tensorrtllm_backend.errors import as_api_error, error_response
+from tensorrtllm_backend.errors import StreamAborted, as_api_error, error_response
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
 from tensorrtllm_backend.openai_api.routes import build_openai_app
@@ -94,7 +94,9 @@ class TRTLLM:
         except Exception as error:
             if not first:
                 logger.warning("request %s failed mid-stream: %s", prepared.request_id, error)
-                raise
+                # BentoML ends a stream normally on an Exception; this one aborts the
+                # connection, so the client sees an incomplete response, not a short answer.
+                raise StreamAborted(str(error)) from error
             raise as_api_error(error) from None
 
     async def _texts(self, prepared: PreparedRequest) -> AsyncIterator[str]:

@@ -10,8 +10,14 @@ from starlette.responses import JSONResponse
 
 from .client import TritonModelError, TritonUnavailableError
 from .generation import RequestError
+from .metrics import generation_metrics
 
 RETRY_AFTER_S = 5
+
+
+class StreamAborted(BaseException):
+    """Raised inside a started text stream: not an Exception, so frameworks that end a stream
+    cleanly on errors let it through and the server aborts the connection."""
 
 
 class APIError(BentoMLException):
@@ -23,6 +29,7 @@ class APIError(BentoMLException):
 
 def as_api_error(error: Exception) -> APIError:
     if isinstance(error, RequestError):
+        generation_metrics().record_rejected("native", "invalid_request")
         return APIError(str(error), error.status)
     if isinstance(error, TritonUnavailableError):
         return APIError(f"the model server is not available, retry shortly: {error}", 503)

@@ -158,6 +158,10 @@ class Generator:
                 f"min_tokens {params.min_tokens} is larger than max_tokens {params.max_tokens}",
                 param="min_tokens",
             )
+        if params.temperature and params.top_k is None and params.top_p is None:
+            # TensorRT-LLM samples only with top_k or top_p set (both unset means greedy): a
+            # request that asks for a temperature means to sample from the whole distribution.
+            params = params.model_copy(update={"top_p": 1.0})
         if self.route is Route.DIRECT and params.end_id is None and self._eos_id is None:
             raise RequestError("the tokenizer has no end token: pass end_id", param="end_id")
         return PreparedRequest(
@@ -203,13 +207,13 @@ class Generator:
                 yield GenerationChunk(text=request.prompt)
             async with aclosing(self._results(request)) as results:
                 async for result in results:
-                    text, token_ids, log_probs = decode(result)
-                    generated += len(token_ids)
+                    text, token_ids, count, log_probs = decode(result)
+                    generated += count
                     if tracker is not None:
-                        tracker.tokens(len(token_ids))
+                        tracker.tokens(count)
                     emit, stopped = stops.feed(text) if stops.active else (text, False)
-                    if emit or token_ids:
-                        yield GenerationChunk(emit, token_ids, log_probs)
+                    if emit or count:
+                        yield GenerationChunk(emit, token_ids, log_probs, token_count=count)
                     if stopped:
                         break  # leaving the loop cancels the Triton request
             if not stopped:
@@ -300,7 +304,7 @@ class Generator:
         async with aclosing(self.stream(request)) as chunks:
             async for chunk in chunks:
                 texts.append(chunk.text)
-                completion_tokens += len(chunk.token_ids)
+                completion_tokens += chunk.token_count
                 if log_probs is not None and chunk.log_probs:
                     log_probs.extend(chunk.log_probs)
                 if chunk.finish_reason is not None:
@@ -315,33 +319,41 @@ class Generator:
 
 
 class _DirectDecoder:
-    """tensorrt_llm responses → (final text, token ids, log probs)."""
+    """tensorrt_llm responses → (final text, token ids, token count, log probs)."""
 
     def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._want_log_probs = want_log_probs
 
-    def __call__(self, result: InferResult) -> tuple[str, list[int], list[float] | None]:
+    def __call__(self, result: InferResult) -> tuple[str, list[int], int, list[float] | None]:
         ids = new_token_ids(result)
         log_probs = response_log_probs(result, len(ids)) if self._want_log_probs else None
-        return self._detokenizer.feed(ids), ids, log_probs
+        return self._detokenizer.feed(ids), ids, len(ids), log_probs
 
     def flush(self) -> str:
         return self._detokenizer.flush()
 
 
 class _TextDecoder:
-    """ensemble / BLS responses carry text only: tokens are counted by re-encoding the delta."""
+    """ensemble / BLS responses carry text only. A streamed response is one decoding step, i.e.
+    one token (beam 1); a response without text counts once a later one arrives, since the last
+    response of a stream may be an empty final one. The token ids are the re-encoded text
+    (used for log-prob token strings only)."""
 
     def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
         self._tokenizer = tokenizer
         self._want_log_probs = want_log_probs
+        self._pending = 0
 
-    def __call__(self, result: InferResult) -> tuple[str, list[int], list[float] | None]:
+    def __call__(self, result: InferResult) -> tuple[str, list[int], int, list[float] | None]:
         text = response_text(result)
-        ids = self._tokenizer.encode(text, add_special_tokens=False) if text else []
-        log_probs = response_log_probs(result, len(ids)) if self._want_log_probs else None
-        return text, ids, log_probs
+        if not text:
+            self._pending += 1
+            return "", [], 0, None
+        count, self._pending = 1 + self._pending, 0
+        ids = self._tokenizer.encode(text, add_special_tokens=False) if self._want_log_probs else []
+        log_probs = response_log_probs(result, count) if self._want_log_probs else None
+        return text, ids, count, log_probs
 
     def flush(self) -> str:
         return ""

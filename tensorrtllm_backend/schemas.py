@@ -106,6 +106,9 @@ class GenerationChunk:
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] | None = None
     finish_reason: FinishReason | None = None
+    # Tokens generated in this step. Equals len(token_ids) on the direct route; the text routes
+    # count Triton responses (one per step) and their token_ids are the re-encoded text.
+    token_count: int = 0
 
 
 @dataclass(slots=True)

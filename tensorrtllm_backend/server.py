@@ -106,6 +106,15 @@ def _site_packages() -> list[str]:
     return paths
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def default_python_paths() -> list[str]:
     """What a python-backend model needs on sys.path: this interpreter's packages and ours."""
     return [*_site_packages(), str(PROJECT_ROOT)]
@@ -415,6 +424,13 @@ class TritonSupervisor:
             self.config.metrics_port,
         )
         attempts = 1 if pinned else 3
+        if pinned and self._ports is None:
+            busy = [port for port in self._choose_ports().__dict__.values() if not _port_free(port)]
+            if busy:  # fail now, not after Triton has spent its start-up loading models
+                raise TritonStartupError(
+                    f"loopback port(s) {busy} already in use: free them or change "
+                    "TRTLLM_TRITON_GRPC_PORT / TRTLLM_TRITON_HTTP_PORT / TRTLLM_TRITON_METRICS_PORT"
+                )
         last_error: TritonStartupError | None = None
         for attempt in range(attempts):
             # Keep the ports across restarts so clients reconnect to the same address.

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..client import TritonModelError, TritonUnavailableError
+from ..metrics import generation_metrics
 from ..streaming import coalesce, join_text
 from .protocol import (
     ChatCompletionRequest,
@@ -75,16 +76,6 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
         raise OpenAIError(message, 400, param=param) from None
 
 
-async def _guarded_stream(stream: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Errors after the first byte cannot change the status: send them as an SSE error event."""
-    try:
-        async for event in stream:
-            yield event
-    except (TritonUnavailableError, TritonModelError) as error:
-        failure = _as_openai_error(error)
-        yield sse({"error": {"message": str(failure), "type": failure.kind, "code": None}})
-
-
 def build_openai_app(get_serving: ServingProvider) -> Starlette:
     """Routes for `/v1`; `get_serving` returns None while the service is not ready (503)."""
 
@@ -101,7 +92,11 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
             try:
                 return await body(request)
             except Exception as error:
-                return error_response(_as_openai_error(error))
+                failure = _as_openai_error(error)
+                if 400 <= failure.status < 500:
+                    api = "openai_chat" if "chat" in request.url.path else "openai_completions"
+                    generation_metrics().record_rejected(api, "invalid_request")
+                return error_response(failure)
 
         return endpoint
 
@@ -142,17 +137,23 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
 
 
 async def _streaming_response(events: AsyncIterator[str]) -> StreamingResponse:
-    """Start the stream only once its first event exists, so early failures get a real status."""
-    guarded = coalesce(_guarded_stream(events), join_text)
+    """Start the stream once its first event exists, so a failure before it gets a real status
+    (503, 400...). Errors after the first byte cannot change the status: they are sent as an SSE
+    error event and the stream ends without [DONE]."""
+    stream = coalesce(events, join_text)
     try:
-        first = await anext(guarded)
+        first = await anext(stream)
     except StopAsyncIteration:
         first = ""
 
     async def body() -> AsyncIterator[str]:
         if first:
             yield first
-        async for event in guarded:
-            yield event
+        try:
+            async for event in stream:
+                yield event
+        except (TritonUnavailableError, TritonModelError) as error:
+            failure = _as_openai_error(error)
+            yield sse({"error": {"message": str(failure), "type": failure.kind, "code": None}})
 
     return StreamingResponse(body(), media_type="text/event-stream")

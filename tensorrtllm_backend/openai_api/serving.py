@@ -69,6 +69,7 @@ class _Event:
     finish_reason: str | None
     token_ids: list[int]
     log_probs: list[float]
+    token_count: int
 
 
 @dataclass
@@ -199,7 +200,7 @@ class OpenAIServing:
         async with aclosing(self.generator.stream(prepared)) as chunks:
             async for chunk in chunks:
                 texts.append(chunk.text)
-                result.completion_tokens += len(chunk.token_ids)
+                result.completion_tokens += chunk.token_count
                 if with_tokens and chunk.log_probs:
                     assert result.tokens is not None and result.log_probs is not None
                     result.tokens += self._token_strings(chunk.token_ids)
@@ -274,15 +275,18 @@ class OpenAIServing:
         """
         pending_ids: list[int] = []
         pending_log_probs: list[float] = []
+        pending_count = 0
         async with aclosing(self.generator.stream(prepared)) as chunks:
             async for chunk in chunks:
                 pending_ids += chunk.token_ids
                 pending_log_probs += chunk.log_probs or []
+                pending_count += chunk.token_count
                 if chunk.text or chunk.finish_reason is not None:
                     yield _Event(
-                        chunk.text, _finish(chunk.finish_reason), pending_ids, pending_log_probs
-                    )
-                    pending_ids, pending_log_probs = [], []
+                        chunk.text, _finish(chunk.finish_reason), pending_ids, pending_log_probs,
+                        pending_count,
+                    )  # fmt: skip
+                    pending_ids, pending_log_probs, pending_count = [], [], 0
 
     async def stream_completion(
         self, prepared: PreparedRequest, include_usage: bool
@@ -292,7 +296,7 @@ class OpenAIServing:
         completion_tokens = 0
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
-                completion_tokens += len(event.token_ids)
+                completion_tokens += event.token_count
                 logprobs = (
                     {
                         "tokens": self._token_strings(event.token_ids),
@@ -317,11 +321,16 @@ class OpenAIServing:
             "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
         )
         want = prepared.params.return_log_probs
-        yield events_out.choice('"delta":{"role":"assistant","content":""},"finish_reason":null')
         completion_tokens = 0
+        role_sent = False
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
-                completion_tokens += len(event.token_ids)
+                if not role_sent:  # only once Triton answered: earlier failures get a status
+                    yield events_out.choice(
+                        '"delta":{"role":"assistant","content":""},"finish_reason":null'
+                    )
+                    role_sent = True
+                completion_tokens += event.token_count
                 logprobs = (
                     self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
                     if want and event.token_ids

@@ -147,3 +147,113 @@ def synthetic_metrics_server(
     )
     yield server, metrics_port
     server.stop()
+
+
+# --- appended for the reliability tests (test_faults, test_security, test_soak_reduced) ---------
+
+
+@pytest.fixture(scope="session")
+def slow_synthetic_model() -> str:
+    """Synthetic engine at 50 ms per token: streams stay in flight long enough to act on them."""
+    return pack(
+        "--synthetic", "--itl-ms", "50", "--name", "trtllm-slow",
+        "--max-input-len", "256", "--max-seq-len", "1024",
+    )  # fmt: skip
+
+
+def launch_bento_server(
+    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
+) -> BentoServer:
+    """Start `bentoml serve` without waiting for readiness (for startups that must fail).
+    `host` is what BentoML binds; the returned url always uses loopback."""
+    port = find_free_port()
+    log_path = tmp_path / f"bentoml-{port}.log"
+    environment = {**os.environ, "TRTLLM_MODEL": model_tag, **(env or {})}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
+             "--host", host, "--port", str(port)],
+            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return BentoServer(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(f"bentoml serve exited early:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"bentoml serve not ready after {timeout}s:\n{server.log()[-4000:]}")
+
+
+def stop_and_reap(server: BentoServer) -> None:
+    """Stop a server, then SIGKILL (by pid) any process it had started that is still alive: the
+    bentoml worker runs in its own process group, so killpg of the arbiter may miss it."""
+    import contextlib
+
+    try:
+        started = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
+    server.stop()
+    _gone, alive = psutil.wait_procs(started, timeout=15)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _launcher(tmp_path: Path) -> tuple[list[BentoServer], Callable[..., BentoServer]]:
+    servers: list[BentoServer] = []
+
+    def launcher(
+        model_tag: str, env: dict[str, str] | None = None, *, host: str = "127.0.0.1",
+        wait: bool = False,
+    ) -> BentoServer:  # fmt: skip
+        server = launch_bento_server(model_tag, tmp_path, env, host)
+        servers.append(server)
+        return wait_until_ready(server) if wait else server
+
+    return servers, launcher
+
+
+@pytest.fixture
+def bento_launcher(tmp_path: Path) -> Iterator[Callable[..., BentoServer]]:
+    """Like bento_server_factory, but the caller decides what to wait for (wait=True: ready)."""
+    servers, launcher = _launcher(tmp_path)
+    yield launcher
+    for server in servers:
+        stop_and_reap(server)
+
+
+@pytest.fixture(scope="module")
+def module_bento_launcher(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., BentoServer]]:
+    """bento_launcher for servers shared by the tests of one module."""
+    servers, launcher = _launcher(tmp_path_factory.mktemp("module-servers"))
+    yield launcher
+    for server in servers:
+        stop_and_reap(server)
+
+
+@pytest.fixture(scope="module")
+def slow_metrics_server(
+    slow_synthetic_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BentoServer, int]]:
+    """The 50 ms/token synthetic model with Triton's metrics on a known port; tests may stop it."""
+    metrics_port = find_free_port()
+    server = start_bento_server(
+        slow_synthetic_model,
+        tmp_path_factory.mktemp("slow-metrics-server"),
+        env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
+    )
+    yield server, metrics_port
+    stop_and_reap(server)

@@ -1,0 +1,319 @@
+"""Faults (issue 7) with a real `bentoml serve`, its supervised tritonserver and the CPU engine:
+Triton killed mid-stream, client disconnects, SIGTERM / SIGKILL of the service, and startups that
+must fail with a clear error. Every process started here is stopped here (see conftest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import bentoml
+import httpx
+import psutil
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import BentoServer  # tests/integration/conftest.py
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Once upon a time"
+LONG = {"prompt": PROMPT, "max_tokens": 600, "ignore_eos": True}  # 30 s at 50 ms per token
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def tritonserver_of(server: BentoServer) -> psutil.Process:
+    (main,) = [p for p in server.tritons() if "tritonserver" in p.cmdline()[0]]
+    return main
+
+
+def engine_metrics(port: int) -> dict[str, float]:
+    """The CPU engine's counters from Triton's metrics endpoint (label-free sums)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("trtllm_cpu_engine_"):
+            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
+            values[name] = values.get(name, 0.0) + value
+    return values
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def wait_ready(server: BentoServer, timeout: float = 120.0) -> None:
+    def ready() -> bool:
+        assert server.process.poll() is None, server.log()[-3000:]
+        try:
+            return httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    assert wait_for(ready, timeout, 0.5), server.log()[-3000:]
+
+
+def wait_for_log(server: BentoServer, needle: str, timeout: float = 90.0) -> str:
+    assert wait_for(lambda: needle in server.log(), timeout, 0.5), (
+        f"{needle!r} not in the log after {timeout}s:\n{server.log()[-4000:]}"
+    )
+    return server.log()
+
+
+def readyz(server: BentoServer) -> int:
+    try:
+        return httpx.get(f"{server.url}/readyz", timeout=3).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+@dataclass
+class StreamWatch:
+    """Reads one streaming response on a thread, recording what arrived and how it ended."""
+
+    server: BentoServer
+    path: str
+    body: dict[str, Any]
+    chunks: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+    ended_at: float | None = None
+    status: int | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with httpx.stream(
+                "POST", self.server.url + self.path, json=self.body, timeout=httpx.Timeout(60.0)
+            ) as response:
+                self.status = response.status_code
+                for text in response.iter_text():
+                    self.chunks.append(text)
+                    self.started.set()
+        except BaseException as error:  # recorded for the test to judge
+            self.error = error
+        finally:
+            self.ended_at = time.monotonic()
+            self.started.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+# --- Triton killed mid-stream --------------------------------------------------------------------
+
+
+def test_client_disconnect_stops_the_engine(slow_metrics_server) -> None:
+    server, metrics_port = slow_metrics_server
+    for path, body in (
+        ("/generate", LONG),
+        ("/v1/completions", {"model": "trtllm-slow", "stream": True, **LONG}),
+    ):
+        before = engine_metrics(metrics_port)
+        with httpx.stream("POST", server.url + path, json=body, timeout=30) as response:
+            assert response.status_code == 200
+            received = 0
+            for _ in response.iter_raw():
+                received += 1
+                if received >= 3:
+                    break
+        # closing the response drops the connection: the engine must stop generating for it
+        def cancelled(before: dict[str, float] = before) -> bool:
+            now = engine_metrics(metrics_port)
+            return (
+                now["trtllm_cpu_engine_cancelled_requests_total"]
+                > before["trtllm_cpu_engine_cancelled_requests_total"]
+                and now["trtllm_cpu_engine_active_requests"] == 0
+            )
+
+        assert wait_for(cancelled, 5.0), (path, engine_metrics(metrics_port))
+        settled = engine_metrics(metrics_port)["trtllm_cpu_engine_generated_tokens_total"]
+        time.sleep(0.5)  # 10 steps at 50 ms: nothing more may be generated for it
+        after = engine_metrics(metrics_port)
+        assert after["trtllm_cpu_engine_generated_tokens_total"] == settled
+        generated = settled - before["trtllm_cpu_engine_generated_tokens_total"]
+        assert generated < 60, f"{path}: {generated} tokens generated for a dropped stream"
+
+
+def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
+    server, _ = slow_metrics_server
+    native = StreamWatch(server, "/generate", LONG)
+    chat = StreamWatch(
+        server, "/v1/chat/completions",
+        {"model": "trtllm-slow", "stream": True, "max_tokens": 600, "ignore_eos": True,
+         "messages": [{"role": "user", "content": "hi"}]},
+    )  # fmt: skip
+    assert native.started.wait(20) and chat.started.wait(20)
+    time.sleep(0.3)
+    assert native.error is None and chat.error is None
+
+    tritonserver_of(server).kill()
+    killed_at = time.monotonic()
+    # while Triton is down: not ready, and a non-streaming request is a 503 with Retry-After
+    assert wait_for(lambda: readyz(server) == 503, 3.0), "readyz did not report the outage"
+    outage = httpx.post(
+        f"{server.url}/generate_text", json={"prompt": PROMPT, "max_tokens": 4}, timeout=10
+    )
+    assert outage.status_code == 503, outage.text
+    assert "retry" in outage.text.lower() and "retry-after" in outage.headers
+
+    # every in-flight stream ends within 5 s, visibly failed
+    for watch in (native, chat):
+        watch.thread.join(max(0.1, killed_at + 5.0 - time.monotonic()))
+        assert not watch.thread.is_alive(), f"{watch.path}: still streaming 5 s after the kill"
+        assert watch.ended_at is not None and watch.ended_at - killed_at < 5.0
+    assert "data: [DONE]" not in chat.text
+    assert '"error"' in chat.text or chat.error is not None, chat.text[-500:]
+
+    # the supervisor restarts Triton and new requests succeed within 30 s
+    def serves() -> bool:
+        try:
+            response = httpx.post(
+                f"{server.url}/generate_text", json={"prompt": PROMPT, "max_tokens": 3}, timeout=10
+            )
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    assert wait_for(serves, 30.0, 0.5), server.log()[-3000:]
+    assert readyz(server) == 200
+    # checked last so that the recovery above is checked too: a cut stream must not look complete
+    assert native.error is not None, (
+        "the native stream ended like a normal completion: the client cannot tell it failed "
+        f"(got {len(native.text)} chars, no transport error)"
+    )
+
+
+def test_sigterm_drains_the_stream_and_leaves_nothing(slow_metrics_server) -> None:
+    """Runs last on the shared server: it stops it."""
+    server, _ = slow_metrics_server
+    tritons = server.tritons()
+    assert tritons
+    watch = StreamWatch(server, "/generate", {"prompt": PROMPT, "max_tokens": 40,
+                                              "ignore_eos": True})  # fmt: skip
+    assert watch.started.wait(20)
+    os.kill(server.process.pid, signal.SIGTERM)
+    sent_at = time.monotonic()
+    watch.thread.join(30)
+    assert not watch.thread.is_alive(), "the stream hung after SIGTERM"
+    try:
+        server.process.wait(40)
+    except Exception:
+        pytest.fail(f"bentoml serve still running 40 s after SIGTERM:\n{server.log()[-3000:]}")
+    exited_after = time.monotonic() - sent_at
+    _gone, alive = psutil.wait_procs(tritons, timeout=5)
+    assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
+    # drained (all 40 tokens) or ended; never a hang
+    assert watch.text, "nothing was streamed"
+    assert exited_after < 40
+
+
+# --- SIGKILL of the worker -----------------------------------------------------------------------
+
+
+def test_sigkill_of_the_worker_takes_triton_down(bento_launcher, synthetic_model: str) -> None:
+    server = bento_launcher(synthetic_model)
+    wait_ready(server)
+    tritons = server.tritons()
+    main = [p for p in tritons if "tritonserver" in p.cmdline()[0]][0]
+    worker = main.parent()
+    assert worker is not None and worker.pid != server.process.pid
+    assert "_bentoml_impl.worker" in " ".join(worker.cmdline())
+    worker.kill()
+    killed_at = time.monotonic()
+    _gone, alive = psutil.wait_procs(tritons, timeout=15)
+    assert not alive, (
+        f"still running 15 s after the worker died: "
+        f"{[(p.pid, p.name()) for p in alive if p.is_running()]}"
+    )
+    assert time.monotonic() - killed_at < 15
+
+
+# --- startups that must fail clearly --------------------------------------------------------------
+
+
+def _fails_clearly(server: BentoServer, needles: tuple[str, ...], timeout: float = 90.0) -> str:
+    """Wait for the log to name the cause; the service must never report ready meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = server.log()
+        if all(n in log for n in needles):
+            assert readyz(server) != 200
+            return log
+        if server.process.poll() is not None:
+            break
+        time.sleep(0.5)
+    log = server.log()
+    missing = [n for n in needles if n not in log]
+    assert not missing, f"{missing} not in the log:\n{log[-4000:]}"
+    return log
+
+
+def test_missing_model_names_the_model(bento_launcher) -> None:
+    server = bento_launcher("nope-no-such-model:latest")
+    _fails_clearly(server, ("nope-no-such-model",))
+    assert wait_for(lambda: server.process.poll() is not None, 30), "serve kept running"
+    assert server.process.returncode != 0
+
+
+def test_triton_port_taken_is_a_clear_startup_error(bento_launcher, synthetic_model: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = bento_launcher(synthetic_model, {"TRTLLM_TRITON_HTTP_PORT": str(port)})
+        log = _fails_clearly(server, ("TritonStartupError", str(port)))
+    assert "in use" in log.lower() or "address already" in log.lower() or "bind" in log.lower()
+
+
+def _broken_copy(synthetic_model: str, name: str, tmp_path: Path, breaker: Any) -> str:
+    """Pack a fresh synthetic model under `name` and break its stored engine config."""
+    import pack_model
+
+    args = ["--synthetic", "--name", name, "--max-input-len", "64", "--max-seq-len", "128"]
+    tag = pack_model.run(pack_model.build_parser().parse_args([*args, "--no-progress"]))
+    assert tag is not None
+    config = Path(bentoml.models.get(tag).path) / "engines" / "config.json"
+    config.write_text(breaker(config.read_text()))
+    return tag
+
+
+def test_triton_failing_to_load_the_model_shows_its_log(
+    bento_launcher, synthetic_model: str, tmp_path: Path
+) -> None:
+    def bad_mode(text: str) -> str:
+        data = json.loads(text)
+        data["cpu_engine"]["mode"] = "warp-drive"
+        return json.dumps(data)
+
+    tag = _broken_copy(synthetic_model, "trtllm-broken-mode", tmp_path, bad_mode)
+    server = bento_launcher(tag)
+    # The service's own check passes; tritonserver's CPU engine refuses: the error must carry
+    # the cause from Triton's log.
+    _fails_clearly(server, ("TritonStartupError", "warp-drive", "tensorrt_llm"))
+
+
+def test_unreadable_engine_config_is_named(
+    bento_launcher, synthetic_model: str, tmp_path: Path
+) -> None:
+    tag = _broken_copy(synthetic_model, "trtllm-broken-json", tmp_path, lambda t: t[: len(t) // 2])
+    server = bento_launcher(tag)
+    _fails_clearly(server, ("config.json",))

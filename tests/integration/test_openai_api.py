@@ -1,0 +1,399 @@
+"""The OpenAI-compatible API (issue 5) driven by the official `openai` client, sync and async,
+against a real `bentoml serve` of the demo model; plus checks that each native sampling parameter
+reaches the engine, observed on the output of the real (hf-mode) CPU engine."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import bentoml
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+if TYPE_CHECKING:
+    from conftest import BentoServer  # tests/integration/conftest.py
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Once upon a time"
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Tell me a story about a cat."},
+]
+TIMEOUT = 60.0
+NO_EOS = {"ignore_eos": True}  # the random demo model may emit its end token at any step
+
+
+@pytest.fixture(scope="module")
+def client(demo_server: BentoServer) -> openai.OpenAI:
+    # max_retries=0: a retried 5xx would hide exactly the failures these tests look for.
+    return openai.OpenAI(
+        base_url=f"{demo_server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
+    )
+
+
+@pytest.fixture
+def async_client(demo_server: BentoServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{demo_server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
+    )
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+@cache
+def _tokenizer(tag: str) -> Any:
+    return AutoTokenizer.from_pretrained(Path(bentoml.models.get(tag).path) / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model: str) -> Any:
+    return _tokenizer(demo_model)
+
+
+def native(server: BentoServer, **fields: Any) -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/generate_text", json=fields, timeout=TIMEOUT)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def greedy_completion(client: openai.OpenAI, model: str, max_tokens: int = 24) -> Any:
+    return client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0, logprobs=1,
+        extra_body=NO_EOS,
+    )  # fmt: skip
+
+
+def clean_piece(text: str, start: int, size: int = 3) -> str:
+    """A substring of `text` at or after `start` with no replacement char and no blank."""
+    for i in range(start, len(text) - size):
+        piece = text[i : i + size]
+        if "\ufffd" not in piece and piece.strip() == piece and piece.isprintable():
+            return piece
+    pytest.skip("the greedy output has no clean substring to use as a stop string")
+
+
+# --- models ----------------------------------------------------------------------------------------
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, demo_model: str) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [demo_model.split(":")[0]]
+    assert models[0].object == "model"
+
+
+# --- completions -----------------------------------------------------------------------------------
+
+
+def test_completion_has_usage_and_length_finish(client: openai.OpenAI, model: str) -> None:
+    result = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=9, temperature=0, extra_body=NO_EOS
+    )
+    choice = result.choices[0]
+    assert result.object == "text_completion" and choice.text
+    assert choice.finish_reason == "length"
+    assert result.usage is not None
+    assert result.usage.completion_tokens == 9
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 9
+
+
+def test_streamed_completion_equals_the_non_streamed_one(client: openai.OpenAI, model: str) -> None:
+    whole = greedy_completion(client, model, 16).choices[0].text
+    chunks = list(
+        client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
+            extra_body=NO_EOS,
+        )
+    )  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_completion_logprobs_one_per_token(client: openai.OpenAI, model: str) -> None:
+    result = greedy_completion(client, model, 12)
+    logprobs = result.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None
+    assert len(logprobs.token_logprobs) == result.usage.completion_tokens == 12
+    assert len(logprobs.tokens) == 12
+    assert all(lp <= 0.0 for lp in logprobs.token_logprobs)
+
+
+@pytest.mark.parametrize("as_list", [False, True], ids=["string", "list"])
+def test_stop_is_cut_and_not_returned(client: openai.OpenAI, model: str, as_list: bool) -> None:
+    text = greedy_completion(client, model, 30).choices[0].text
+    stop = clean_piece(text, len(text) // 3)
+    expected = text[: text.index(stop)]
+    result = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=30, temperature=0, extra_body=NO_EOS,
+        stop=[stop, "never-seen-stop"] if as_list else stop,
+    )  # fmt: skip
+    assert result.choices[0].text == expected
+    assert stop not in result.choices[0].text
+    assert result.choices[0].finish_reason == "stop"
+
+
+def _openai_samples(client: openai.OpenAI, model: str, seeds: list[int], **extra: Any) -> list[str]:
+    return [
+        client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=16, temperature=0.8, seed=seed,
+            extra_body=NO_EOS, **extra,
+        ).choices[0].text
+        for seed in seeds
+    ]  # fmt: skip
+
+
+def test_seed_reproducibility_with_top_p(client: openai.OpenAI, model: str) -> None:
+    first, again, *others = _openai_samples(client, model, [1234, 1234, 1, 2, 3], top_p=0.95)
+    assert again == first
+    assert any(text != first for text in others), "different seeds gave the same text 3 times"
+
+
+def test_temperature_alone_samples(client: openai.OpenAI, model: str) -> None:
+    """OpenAI semantics: temperature 0.8 with top_p left at its default (1.0) samples. Sending no
+    top_k/top_p to TensorRT-LLM means greedy, so the adapter has to send top_p=1 itself."""
+    first, again, *others = _openai_samples(client, model, [1234, 1234, 1, 2, 3])
+    assert again == first
+    greedy = greedy_completion(client, model, 16).choices[0].text
+    assert any(text != first for text in others) and first != greedy, (
+        "temperature 0.8 without top_p gave the greedy text for every seed"
+    )
+
+
+def test_raw_sse_stream_ends_with_done(demo_server: BentoServer, model: str) -> None:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 6, "stream": True, **NO_EOS}
+    with httpx.stream(
+        "POST", f"{demo_server.url}/v1/completions", json=body, timeout=TIMEOUT
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert len({e["id"] for e in events}) == 1
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# --- chat --------------------------------------------------------------------------------------
+
+
+def test_chat_uses_the_tokenizers_template(client: openai.OpenAI, model: str, tokenizer) -> None:
+    result = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=5, temperature=0
+    )
+    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    expected = len(tokenizer.encode(rendered, add_special_tokens=False))
+    assert result.usage.prompt_tokens == expected
+    # and that is not what the raw text of the messages would give
+    plain = len(tokenizer.encode(" ".join(m["content"] for m in MESSAGES)))
+    assert expected != plain
+    assert result.choices[0].message.role == "assistant"
+
+
+def test_chat_max_completion_tokens_and_max_tokens(client: openai.OpenAI, model: str) -> None:
+    for limit in ({"max_completion_tokens": 7}, {"max_tokens": 4}):
+        result = client.chat.completions.create(
+            model=model, messages=MESSAGES, temperature=0, extra_body=NO_EOS, **limit
+        )
+        (expected,) = limit.values()
+        assert result.usage.completion_tokens == expected, limit
+        assert result.choices[0].finish_reason == "length"
+
+
+def test_chat_logprobs_one_per_token(client: openai.OpenAI, model: str) -> None:
+    result = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True,
+        extra_body=NO_EOS,
+    )  # fmt: skip
+    content = result.choices[0].logprobs.content
+    assert len(content) == result.usage.completion_tokens == 8
+    assert all(item.logprob <= 0.0 for item in content)
+
+
+def test_chat_stream_include_usage(client: openai.OpenAI, model: str) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=6, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=NO_EOS,
+        )
+    )  # fmt: skip
+    *content_chunks, usage_chunk = chunks
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == 6
+    assert all(c.usage is None for c in content_chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in content_chunks)
+    whole = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=6, temperature=0, extra_body=NO_EOS
+    )
+    assert text == whole.choices[0].message.content
+    assert whole.usage.prompt_tokens == usage_chunk.usage.prompt_tokens
+
+
+def test_chat_stream_without_usage_has_no_usage_chunk(client: openai.OpenAI, model: str) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=3, stream=True, extra_body=NO_EOS
+        )
+    )
+    assert all(c.usage is None and c.choices for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_async_client_chat_and_completion(async_client: openai.AsyncOpenAI, model) -> None:
+    async with async_client:
+        result = await async_client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=5, temperature=0, extra_body=NO_EOS
+        )
+        assert result.usage.completion_tokens == 5
+        stream = await async_client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=5, temperature=0, stream=True,
+            extra_body=NO_EOS,
+        )  # fmt: skip
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == result.choices[0].message.content
+        completion = await async_client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=4, stream=True, extra_body=NO_EOS
+        )
+        finishes = [c.choices[0].finish_reason async for c in completion if c.choices]
+        assert finishes[-1] == "length"
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def test_top_logprobs_is_400(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=2, logprobs=True, top_logprobs=2
+        )
+
+
+def test_n_greater_than_one_is_400(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, n=2)
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=2, n=2)
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=2)
+    assert caught.value.code == "model_not_found"
+    assert "no-such-model" in caught.value.message
+
+
+def test_too_long_prompt_is_context_length_exceeded(client: openai.OpenAI, model: str) -> None:
+    long_prompt = "story " * 2000  # far beyond the demo's max_input_len of 256 tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=model, prompt=long_prompt, max_tokens=2)
+    assert caught.value.code == "context_length_exceeded"
+    assert "max_input_len" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": long_prompt}], max_tokens=2
+        )
+    assert caught.value.code == "context_length_exceeded"
+
+
+# --- native parameters reach the engine (observed on the hf engine's output) ----------------------
+
+
+def test_native_greedy_is_deterministic_and_equals_openai(
+    demo_server: BentoServer, client: openai.OpenAI, model: str
+) -> None:
+    first = native(demo_server, prompt=PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
+    second = native(demo_server, prompt=PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
+    assert first["text"] == second["text"]
+    assert first["text"] == greedy_completion(client, model, 16).choices[0].text
+
+
+def test_native_seed_reproducibility(demo_server: BentoServer) -> None:
+    def sample(seed: int) -> str:
+        return native(
+            demo_server, prompt=PROMPT, max_tokens=16, temperature=0.8, top_k=50, seed=seed,
+            ignore_eos=True,
+        )["text"]  # fmt: skip
+
+    first = sample(7)
+    assert sample(7) == first
+    assert any(sample(seed) != first for seed in (8, 9, 10))
+
+
+def test_native_top_p_and_temperature_reach_the_engine(demo_server: BentoServer) -> None:
+    base = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, "seed": 3}
+    greedy = native(demo_server, **base, temperature=0.0)["text"]
+    sampled = native(demo_server, **base, temperature=1.0, top_p=0.99)["text"]
+    assert sampled != greedy
+    # a tiny nucleus keeps only the most likely token: greedy again, whatever the seed
+    assert native(demo_server, **base, temperature=1.0, top_p=1e-6)["text"] == greedy
+
+
+def test_native_bad_words_are_not_generated(
+    demo_server: BentoServer, client: openai.OpenAI, model: str
+) -> None:
+    greedy = greedy_completion(client, model, 20).choices[0]
+    words = [t for t in greedy.logprobs.tokens if t.strip().isalpha() and len(t.strip()) >= 3]
+    if not words:
+        pytest.skip("the greedy output has no whole-word token to ban")
+    banned = words[0].strip()
+    assert banned in greedy.text
+    result = native(
+        demo_server, prompt=PROMPT, max_tokens=20, temperature=0.0, ignore_eos=True,
+        bad_words=[banned, words[0]],
+    )  # fmt: skip
+    assert result["text"] != greedy.text
+    assert banned not in result["text"]
+
+
+def test_native_min_tokens_overrides_an_early_end(
+    demo_server: BentoServer, client: openai.OpenAI, model: str, tokenizer
+) -> None:
+    """Make one of the first greedy tokens the end token: without min_tokens the answer ends
+    there, with min_tokens=8 it runs on to max_tokens."""
+    tokens = greedy_completion(client, model, 6).choices[0].logprobs.tokens
+    single = [
+        (position, ids)
+        for position, ids in enumerate(tokenizer.encode(t, add_special_tokens=False) for t in tokens)
+        if len(ids) == 1
+    ]
+    if not single:
+        pytest.skip(f"no greedy token of {tokens!r} re-encodes to one id")
+    position, ids = single[0]
+    base = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.0, "end_id": ids[0]}
+    ended = native(demo_server, **base)
+    assert ended["finish_reason"] == "stop"
+    assert ended["usage"]["completion_tokens"] <= position + 1
+    forced = native(demo_server, **base, min_tokens=8)
+    assert forced["usage"]["completion_tokens"] == 8
+    assert forced["finish_reason"] == "length"
+
+
+def test_native_repetition_penalty_changes_greedy_output(demo_server: BentoServer) -> None:
+    base = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0.0, "ignore_eos": True}
+    plain = native(demo_server, **base)["text"]
+    penalized = native(demo_server, **base, repetition_penalty=1.5)["text"]
+    assert penalized != plain
+
+
+def test_native_exclude_input_in_output_false_prefixes_the_prompt(demo_server) -> None:
+    base = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
+    without = native(demo_server, **base)["text"]
+    with_prompt = native(demo_server, **base, exclude_input_in_output=False)["text"]
+    assert with_prompt == PROMPT + without
+
+
+def test_native_return_log_probs(demo_server: BentoServer) -> None:
+    result = native(
+        demo_server, prompt=PROMPT, max_tokens=6, temperature=0.0, ignore_eos=True,
+        return_log_probs=True,
+    )  # fmt: skip
+    assert len(result["log_probs"]) == result["usage"]["completion_tokens"] == 6
+    assert result["cum_log_prob"] == pytest.approx(sum(result["log_probs"]))

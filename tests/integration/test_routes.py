@@ -1,0 +1,53 @@
+"""The ensemble and BLS routes through the real service: the same request path as `direct`, text in
+and text out through NVIDIA's client-facing tensors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.integration.conftest import BentoServer
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "The quick brown fox jumps over the lazy dog"
+
+
+def stream_text(url: str, body: dict[str, object]) -> str:
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return "".join(response.iter_text())
+
+
+@pytest.mark.parametrize("route", ["ensemble", "bls"])
+def test_text_routes_behave_like_direct(
+    route: str, demo_model: str, bento_server_factory: Callable[..., BentoServer]
+) -> None:
+    direct = bento_server_factory(demo_model)
+    routed = bento_server_factory(demo_model, env={"TRTLLM_ROUTE": route})
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+
+    expected = httpx.post(f"{direct.url}/generate_text", json=body, timeout=60).json()["text"]
+    whole = httpx.post(f"{routed.url}/generate_text", json=body, timeout=60).json()
+    streamed = stream_text(routed.url, body)
+    # Greedy decoding of the same engine: the text is the route's business, not the engine's.
+    assert whole["text"] == streamed == expected
+    assert whole["usage"]["prompt_tokens"] > 0 and whole["usage"]["completion_tokens"] > 0
+
+    stop = expected.strip().split()[len(expected.split()) // 2]
+    cut = httpx.post(
+        f"{routed.url}/generate_text", json={**body, "stop": [stop]}, timeout=60
+    ).json()
+    assert stop not in cut["text"] and expected.startswith(cut["text"])
+    assert cut["finish_reason"] == "stop"
+
+    completion = httpx.post(
+        f"{routed.url}/v1/completions",
+        json={"model": "trtllm-demo", "prompt": PROMPT, "max_tokens": 24, "temperature": 0},
+        timeout=60,
+    )
+    assert completion.status_code == 200, completion.text
+    assert json.loads(completion.text)["choices"][0]["text"] == expected

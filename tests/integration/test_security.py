@@ -1,0 +1,189 @@
+"""Security (issue 7) on a real `bentoml serve`: Triton on loopback only, the optional API key on
+every API (native and OpenAI) with health and metrics open, the in-flight bound (429 +
+Retry-After), unguessable request ids, and no shell=True anywhere in the repository."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import bentoml
+import httpx
+import openai
+import psutil
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import BentoServer  # tests/integration/conftest.py
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "test-key-3f9a1c"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MODEL = "trtllm-slow"
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def secured(module_bento_launcher: Callable[..., BentoServer], slow_synthetic_model: str):
+    """BentoML bound to all interfaces (as in a container), an API key, at most 2 in flight."""
+    return module_bento_launcher(
+        slow_synthetic_model,
+        {"TRTLLM_API_KEY": KEY, "TRTLLM_MAX_IN_FLIGHT": "2"},
+        host="0.0.0.0",  # all interfaces: the test checks only this port is exposed
+        wait=True,
+    )
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # gRPC binds ::ffff:127.0.0.1
+    return bool((mapped or address).is_loopback)
+
+
+def _listening(process: psutil.Process) -> list[tuple[str, int]]:
+    try:
+        connections = process.net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    return [(c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN]
+
+
+def test_only_the_bentoml_port_listens_beyond_loopback(secured: BentoServer) -> None:
+    port = int(secured.url.rsplit(":", 1)[1])
+    tritons = [p for p in secured.tritons() if "tritonserver" in p.cmdline()[0]]
+    assert len(tritons) == 1
+    triton_sockets = _listening(tritons[0])
+    assert len(triton_sockets) >= 3, triton_sockets  # grpc, http, metrics
+    assert all(_is_loopback(ip) for ip, _ in triton_sockets), triton_sockets
+    processes = [psutil.Process(secured.process.pid), *psutil.Process(
+        secured.process.pid).children(recursive=True)]  # fmt: skip
+    exposed = {
+        (ip, p) for process in processes for ip, p in _listening(process)
+        if not _is_loopback(ip)
+    }  # fmt: skip
+    assert exposed == {("0.0.0.0", port)}, exposed
+
+
+PROTECTED = [
+    ("POST", "/generate", {"prompt": "hi", "max_tokens": 2}),
+    ("POST", "/generate_text", {"prompt": "hi", "max_tokens": 2}),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
+    ("POST", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("GET", "/v1/models", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED, ids=[p for _, p, _ in PROTECTED])
+def test_api_key_is_required(secured: BentoServer, method: str, path: str, body) -> None:
+    url = secured.url + path
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        response = httpx.request(method, url, json=body, headers=headers, timeout=TIMEOUT)
+        assert response.status_code == 401, (headers, response.text)
+        assert "api key" in response.text.lower()
+        assert response.headers.get("www-authenticate") == "Bearer"
+    response = httpx.request(method, url, json=body, headers=AUTH, timeout=TIMEOUT)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("path", ["/readyz", "/livez", "/metrics"])
+def test_health_and_metrics_stay_open(secured: BentoServer, path: str) -> None:
+    assert httpx.get(secured.url + path, timeout=TIMEOUT).status_code == 200
+
+
+def test_clients_send_the_key(secured: BentoServer) -> None:
+    with bentoml.SyncHTTPClient(secured.url, token=KEY, timeout=TIMEOUT) as client:
+        result = client.generate_text(prompt="hi", max_tokens=3, ignore_eos=True)
+        assert result["usage"]["completion_tokens"] == 3
+    api = openai.OpenAI(base_url=f"{secured.url}/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    assert [m.id for m in api.models.list().data] == [MODEL]
+    chat = api.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert chat.usage.completion_tokens == 2
+    wrong = openai.OpenAI(base_url=f"{secured.url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+def test_request_ids_are_unguessable(secured: BentoServer) -> None:
+    api = openai.OpenAI(base_url=f"{secured.url}/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    ids = [
+        api.completions.create(model=MODEL, prompt="hi", max_tokens=1).id for _ in range(4)
+    ]
+    assert len(set(ids)) == len(ids)
+    for request_id in ids:
+        hex_part = request_id.split("-", 1)[1]
+        assert re.fullmatch(r"[0-9a-f]{24,}", hex_part), request_id  # >= 96 random bits
+    # not a counter: consecutive ids share no long common prefix
+    as_ints = sorted(int(i.split("-", 1)[1], 16) for i in ids)
+    assert all(b - a > 2**32 for a, b in zip(as_ints, as_ints[1:], strict=False))
+
+
+def test_third_concurrent_stream_gets_429_with_retry_after(secured: BentoServer) -> None:
+    started = [threading.Event(), threading.Event()]
+    statuses: list[int] = []
+
+    def stream(index: int) -> None:
+        body = {"prompt": "hi", "max_tokens": 60, "ignore_eos": True}  # ~3 s at 50 ms/token
+        with httpx.stream(
+            "POST", f"{secured.url}/generate", json=body, headers=AUTH, timeout=TIMEOUT
+        ) as response:
+            statuses.append(response.status_code)
+            for _ in response.iter_raw():
+                started[index].set()
+        started[index].set()
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    assert all(event.wait(20) for event in started)
+    third = httpx.post(
+        f"{secured.url}/generate_text", json={"prompt": "hi", "max_tokens": 2}, headers=AUTH,
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    assert third.status_code == 429, third.text
+    assert int(third.headers["retry-after"]) >= 1
+    assert "in flight" in third.text
+    openai_third = httpx.post(
+        f"{secured.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+        headers=AUTH, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert openai_third.status_code == 429
+    assert openai_third.json()["error"]["type"] == "rate_limit_error"
+    for thread in threads:
+        thread.join(30)
+    assert statuses == [200, 200]
+    # the slots are free again
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        again = httpx.post(
+            f"{secured.url}/generate_text", json={"prompt": "hi", "max_tokens": 2}, headers=AUTH,
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        if again.status_code == 200:
+            break
+        time.sleep(0.2)
+    assert again.status_code == 200, again.text
+
+
+def test_no_shell_true_anywhere() -> None:
+    needle = re.compile(r"shell\s*=\s*True|os\.system\(|os\.popen\(")
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        relative = path.relative_to(ROOT)
+        if relative.parts[0].startswith(".") or "site-packages" in relative.parts:
+            continue
+        if path == Path(__file__).resolve():
+            continue  # this file names the pattern it looks for
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if needle.search(line):
+                offenders.append(f"{relative}:{number}: {line.strip()}")
+    assert not offenders, offenders
