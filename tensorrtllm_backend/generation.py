@@ -192,7 +192,11 @@ class Generator:
         generator layer on this path costs CPU per token.
         """
         params = request.params
-        tracker = self.metrics.track(request.api, len(request.prompt_ids)) if self.metrics else None
+        tracker = (
+            self.metrics.track(request.api, len(request.prompt_ids), request.request_id)
+            if self.metrics
+            else None
+        )
         decode = (
             _DirectDecoder(self.tokenizer, params.return_log_probs)
             if self.route is Route.DIRECT

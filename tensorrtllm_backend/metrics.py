@@ -7,7 +7,12 @@ prometheus_client to multiprocess mode when its worker starts, after service.py 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
+
+request_log = logging.getLogger("bentoml.trtllm.requests")
+LOG_REQUESTS = os.environ.get("TRTLLM_LOG_REQUESTS", "1").lower() not in ("0", "false", "no")
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -74,10 +79,10 @@ class GenerationMetrics:
     def record_rejected(self, api: str, kind: str) -> None:
         self.errors.labels(api, kind).inc()
 
-    def track(self, api: str, prompt_tokens: int) -> RequestTracker:
+    def track(self, api: str, prompt_tokens: int, request_id: str = "") -> RequestTracker:
         self.in_flight.labels(api).inc()
         self.prompt_tokens.labels(api).inc(prompt_tokens)
-        return RequestTracker(self, api)
+        return RequestTracker(self, api, prompt_tokens, request_id)
 
 
 class RequestTracker:
@@ -85,11 +90,19 @@ class RequestTracker:
     per-token path). Per-token latency is the gap divided by the tokens that arrived together,
     so batched deliveries are not counted as zero-latency tokens."""
 
-    __slots__ = ("_api", "_itl", "_last", "_metrics", "_start", "finish", "generated")
+    __slots__ = (
+        "_api", "_first", "_itl", "_last", "_metrics", "_prompt_tokens", "_request_id", "_start",
+        "finish", "generated",
+    )  # fmt: skip
 
-    def __init__(self, metrics: GenerationMetrics, api: str) -> None:
+    def __init__(
+        self, metrics: GenerationMetrics, api: str, prompt_tokens: int, request_id: str
+    ) -> None:
         self._metrics = metrics
         self._api = api
+        self._prompt_tokens = prompt_tokens
+        self._request_id = request_id
+        self._first = 0.0
         self._itl = metrics.inter_token_latency.labels(api)
         self._start = self._last = time.perf_counter()
         self.generated = 0
@@ -100,7 +113,8 @@ class RequestTracker:
             return
         now = time.perf_counter()
         if not self.generated:
-            self._metrics.time_to_first_token.labels(self._api).observe(now - self._start)
+            self._first = now - self._start
+            self._metrics.time_to_first_token.labels(self._api).observe(self._first)
             count_after_first = count - 1
         else:
             count_after_first = count
@@ -118,10 +132,19 @@ class RequestTracker:
             if not cancelled:
                 metrics.errors.labels(api, type(error).__name__).inc()
             self.finish = "cancelled" if cancelled else "error"
+        duration = time.perf_counter() - self._start
         metrics.in_flight.labels(api).dec()
         metrics.completion_tokens.labels(api).inc(self.generated)
         metrics.requests.labels(api, self.finish).inc()
-        metrics.request_duration.labels(api).observe(time.perf_counter() - self._start)
+        metrics.request_duration.labels(api).observe(duration)
+        if LOG_REQUESTS:
+            # key=value pairs, one line per request; never the prompt or the output.
+            request_log.info(
+                "request_id=%s api=%s finish=%s prompt_tokens=%d completion_tokens=%d "
+                "ttft_ms=%.1f duration_ms=%.1f",
+                self._request_id, api, self.finish, self._prompt_tokens, self.generated,
+                self._first * 1000, duration * 1000,
+            )  # fmt: skip
 
 
 _metrics: GenerationMetrics | None = None

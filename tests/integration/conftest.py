@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +41,17 @@ def demo_model() -> str:
 @pytest.fixture(scope="session")
 def synthetic_model() -> str:
     return pack("--synthetic", "--itl-ms", "2", "--max-input-len", "256", "--max-seq-len", "1024")
+
+
+def private_bentoml_home(tmp_path: Path) -> str:
+    """A BENTOML_HOME of its own for one `bentoml serve`, sharing the test model store.
+
+    Every `bentoml serve` empties $BENTOML_HOME/prometheus_multiproc_dir when it starts, so
+    servers sharing a home wipe each other's metrics.
+    """
+    home = Path(tempfile.mkdtemp(prefix="bentoml-home-", dir=tmp_path))
+    (home / "models").symlink_to(Path(os.environ["BENTOML_HOME"]) / "models")
+    return str(home)
 
 
 def tritons_under(pid: int) -> list[psutil.Process]:
@@ -89,7 +101,10 @@ def start_bento_server(
 ) -> BentoServer:
     port = find_free_port()
     log_path = tmp_path / f"bentoml-{port}.log"
-    environment = {**os.environ, "TRTLLM_MODEL": model_tag, **(env or {})}
+    environment = {
+        **os.environ, "TRTLLM_MODEL": model_tag, "BENTOML_HOME": private_bentoml_home(tmp_path),
+        **(env or {}),
+    }  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
@@ -168,7 +183,10 @@ def launch_bento_server(
     `host` is what BentoML binds; the returned url always uses loopback."""
     port = find_free_port()
     log_path = tmp_path / f"bentoml-{port}.log"
-    environment = {**os.environ, "TRTLLM_MODEL": model_tag, **(env or {})}
+    environment = {
+        **os.environ, "TRTLLM_MODEL": model_tag, "BENTOML_HOME": private_bentoml_home(tmp_path),
+        **(env or {}),
+    }  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",

@@ -60,14 +60,14 @@ def test_generation_metrics_move_by_what_was_served(demo_server: BentoServer) ->
         native_tokens += max_tokens
     with httpx.stream(
         "POST", f"{url}/generate", timeout=TIMEOUT,
-        json={"prompt": PROMPT, "max_tokens": 120, "ignore_eos": True},
+        json={"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True},
     ) as response:  # fmt: skip
         chunks = response.iter_text()
         next(chunks)
         during = scrape(demo_server)  # one native request is in flight now
         list(chunks)
     native_prompt += result["usage"]["prompt_tokens"]
-    native_tokens += 120
+    native_tokens += 400
 
     completion = httpx.post(
         f"{url}/v1/completions", timeout=TIMEOUT,
