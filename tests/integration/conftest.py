@@ -96,9 +96,11 @@ class BentoServer:
         return started
 
 
-def start_bento_server(
-    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 180.0
+def launch_bento_server(
+    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
 ) -> BentoServer:
+    """Start `bentoml serve` without waiting for readiness (for startups that must fail).
+    `host` is what BentoML binds; the returned url always uses loopback."""
     port = find_free_port()
     log_path = tmp_path / f"bentoml-{port}.log"
     environment = {
@@ -108,14 +110,17 @@ def start_bento_server(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
-             "--host", "127.0.0.1", "--port", str(port)],
+             "--host", host, "--port", str(port)],
             cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    server = BentoServer(f"http://127.0.0.1:{port}", process, log_path)
+    return BentoServer(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if server.process.poll() is not None:
             raise AssertionError(f"bentoml serve exited early:\n{server.log()[-4000:]}")
         try:
             if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
@@ -123,8 +128,18 @@ def start_bento_server(
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    server.stop()
     raise AssertionError(f"bentoml serve not ready after {timeout}s:\n{server.log()[-4000:]}")
+
+
+def start_bento_server(
+    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 180.0
+) -> BentoServer:
+    server = launch_bento_server(model_tag, tmp_path, env)
+    try:
+        return wait_until_ready(server, timeout)
+    except AssertionError:
+        server.stop()
+        raise
 
 
 @pytest.fixture
@@ -174,41 +189,6 @@ def slow_synthetic_model() -> str:
         "--synthetic", "--itl-ms", "50", "--name", "trtllm-slow",
         "--max-input-len", "256", "--max-seq-len", "1024",
     )  # fmt: skip
-
-
-def launch_bento_server(
-    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
-) -> BentoServer:
-    """Start `bentoml serve` without waiting for readiness (for startups that must fail).
-    `host` is what BentoML binds; the returned url always uses loopback."""
-    port = find_free_port()
-    log_path = tmp_path / f"bentoml-{port}.log"
-    environment = {
-        **os.environ, "TRTLLM_MODEL": model_tag, "BENTOML_HOME": private_bentoml_home(tmp_path),
-        **(env or {}),
-    }  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
-             "--host", host, "--port", str(port)],
-            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    return BentoServer(f"http://127.0.0.1:{port}", process, log_path)
-
-
-def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise AssertionError(f"bentoml serve exited early:\n{server.log()[-4000:]}")
-        try:
-            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"bentoml serve not ready after {timeout}s:\n{server.log()[-4000:]}")
 
 
 def stop_and_reap(server: BentoServer) -> None:
