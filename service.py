@@ -22,10 +22,13 @@ from tensorrtllm_backend.deployment import model_tag, resources, tracing_config
 from tensorrtllm_backend.errors import StreamAborted, as_api_error, error_response
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
+from tensorrtllm_backend.metrics_export import ENABLED as TRITON_METRICS_EXPORT
+from tensorrtllm_backend.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.server import ServerState
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 logger = logging.getLogger("bentoml.trtllm")
@@ -120,3 +123,17 @@ class TRTLLM:
 
 
 TRTLLM.add_asgi_middleware(GuardMiddleware)
+
+
+def _triton_metrics_url() -> str | None:
+    try:
+        service = bentoml.get_current_service()
+    except bentoml.exceptions.BentoMLException:
+        return None
+    supervisor = service.runtime.supervisor
+    running = supervisor is not None and supervisor.state is ServerState.READY
+    return supervisor.metrics_url if running else None  # type: ignore[union-attr]
+
+
+if TRITON_METRICS_EXPORT:
+    TRTLLM.mount_asgi_app(build_triton_metrics_app(_triton_metrics_url), path="/triton")

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-OPEN_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics", "/docs", "/docs.json", "/"})
+OPEN_PATHS = frozenset(
+    {"/livez", "/readyz", "/healthz", "/metrics", "/triton/metrics", "/docs", "/docs.json", "/"}
+)
 GENERATION_PATHS = frozenset(
     {"/generate", "/generate_text", "/v1/completions", "/v1/chat/completions"}
 )
