@@ -2,9 +2,8 @@
 
     TRTLLM_MODEL=trtllm-demo:latest bentoml serve service:TRTLLM
 
-Configuration (environment): TRTLLM_MODEL (model-store tag), TRTLLM_ROUTE (direct | ensemble |
-bls), TRTLLM_TRITON_GRPC_PORT / TRTLLM_TRITON_HTTP_PORT / TRTLLM_TRITON_METRICS_PORT (loopback
-ports; free ones by default), TRTLLM_STARTUP_TIMEOUT_S.
+Everything heavy lives in `tensorrtllm_backend`; configuration is by environment variables
+(TRTLLM_MODEL, TRTLLM_ROUTE, Triton ports, API key, limits...: see the README's table).
 """
 
 from __future__ import annotations
@@ -36,12 +35,17 @@ logger = logging.getLogger("bentoml.trtllm")
 MODEL_TAG = model_tag()
 
 
-def _current_openai() -> OpenAIServing | None:
+def _current_service() -> TRTLLM | None:
+    """The running service instance (the mounted ASGI apps are created before it exists)."""
     try:
-        service = bentoml.get_current_service()
+        return bentoml.get_current_service()  # type: ignore[no-any-return]
     except bentoml.exceptions.BentoMLException:
         return None
-    return getattr(service, "openai", None)
+
+
+def _current_openai() -> OpenAIServing | None:
+    service = _current_service()
+    return service.openai if service is not None else None
 
 
 openai_app = build_openai_app(_current_openai)
@@ -126,13 +130,11 @@ TRTLLM.add_asgi_middleware(GuardMiddleware)
 
 
 def _triton_metrics_url() -> str | None:
-    try:
-        service = bentoml.get_current_service()
-    except bentoml.exceptions.BentoMLException:
+    service = _current_service()
+    supervisor = service.runtime.supervisor if service is not None else None
+    if supervisor is None or supervisor.state is not ServerState.READY:
         return None
-    supervisor = service.runtime.supervisor
-    running = supervisor is not None and supervisor.state is ServerState.READY
-    return supervisor.metrics_url if running else None  # type: ignore[union-attr]
+    return supervisor.metrics_url
 
 
 if TRITON_METRICS_EXPORT:
