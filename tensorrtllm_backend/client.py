@@ -74,16 +74,6 @@ class TritonLLMClient:
     async def close(self) -> None:
         await self._client.close()
 
-    async def is_model_ready(self, model_name: str) -> bool:
-        try:
-            return bool(await self._client.is_model_ready(model_name))
-        except (InferenceServerException, grpc.RpcError):
-            return False
-
-    async def model_config(self, model_name: str) -> dict[str, Any]:
-        response = await self._client.get_model_config(model_name, as_json=True)
-        return dict(response["config"])
-
     async def stream(
         self,
         model_name: str,

@@ -303,6 +303,7 @@ class Generator:
         """The non-streaming answer: the same stream, gathered."""
         texts: list[str] = []
         log_probs: list[float] | None = [] if request.params.return_log_probs else None
+        log_prob_token_ids: list[int] | None = [] if log_probs is not None else None
         completion_tokens = 0
         finish_reason = FinishReason.STOP
         async with aclosing(self.stream(request)) as chunks:
@@ -311,6 +312,7 @@ class Generator:
                 completion_tokens += chunk.token_count
                 if log_probs is not None and chunk.log_probs:
                     log_probs.extend(chunk.log_probs)
+                    log_prob_token_ids.extend(chunk.token_ids)  # type: ignore[union-attr]
                 if chunk.finish_reason is not None:
                     finish_reason = chunk.finish_reason
         return GenerationResult(
@@ -319,6 +321,7 @@ class Generator:
             completion_tokens=completion_tokens,
             finish_reason=finish_reason,
             log_probs=log_probs,
+            log_prob_token_ids=log_prob_token_ids,
         )
 
 

@@ -118,6 +118,7 @@ class GenerationResult:
     completion_tokens: int
     finish_reason: FinishReason
     log_probs: list[float] | None = None
+    log_prob_token_ids: list[int] | None = None  # the tokens behind log_probs
 
     def to_response(self) -> GenerateResponse:
         return GenerateResponse(

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest, RequestError, new_request_id
-from ..schemas import FinishReason, SamplingParams
+from ..schemas import FinishReason, GenerationResult, SamplingParams
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -70,15 +70,6 @@ class _Event:
     token_ids: list[int]
     log_probs: list[float]
     token_count: int
-
-
-@dataclass
-class _Accumulated:
-    text: str = ""
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    tokens: list[str] | None = None
-    log_probs: list[float] | None = None
 
 
 class OpenAIServing:
@@ -192,24 +183,6 @@ class OpenAIServing:
             raise OpenAIError.from_request_error(error) from None
 
     # -- running -----------------------------------------------------------------------------
-    async def _accumulate(self, prepared: PreparedRequest, with_tokens: bool) -> _Accumulated:
-        result = _Accumulated(
-            tokens=[] if with_tokens else None, log_probs=[] if with_tokens else None
-        )
-        texts: list[str] = []
-        async with aclosing(self.generator.stream(prepared)) as chunks:
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                result.completion_tokens += chunk.token_count
-                if with_tokens and chunk.log_probs:
-                    assert result.tokens is not None and result.log_probs is not None
-                    result.tokens += self._token_strings(chunk.token_ids)
-                    result.log_probs += chunk.log_probs
-                if chunk.finish_reason is not None:
-                    result.finish_reason = _finish(chunk.finish_reason)
-        result.text = "".join(texts)
-        return result
-
     def _token_strings(self, token_ids: list[int]) -> list[str]:
         return [self.generator.tokenizer.decode([t]) for t in token_ids]
 
@@ -221,11 +194,16 @@ class OpenAIServing:
             total_tokens=prompt + completion_tokens,
         )
 
+    async def _collect(self, prepared: PreparedRequest) -> tuple[GenerationResult, list[str]]:
+        """The non-streaming answer and the token strings behind its log probs."""
+        result = await self.generator.collect(prepared)
+        return result, self._token_strings(result.log_prob_token_ids or [])
+
     async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
         want = prepared.params.return_log_probs
-        result = await self._accumulate(prepared, want)
+        result, tokens = await self._collect(prepared)
         logprobs = (
-            {"tokens": result.tokens, "token_logprobs": result.log_probs, "top_logprobs": None}
+            {"tokens": tokens, "token_logprobs": result.log_probs, "top_logprobs": None}
             if want
             else None
         )
@@ -234,7 +212,7 @@ class OpenAIServing:
             model=self.model_name,
             choices=[
                 CompletionChoice(
-                    text=result.text, finish_reason=result.finish_reason, logprobs=logprobs
+                    text=result.text, finish_reason=_finish(result.finish_reason), logprobs=logprobs
                 )
             ],
             usage=self._usage(prepared, result.completion_tokens),
@@ -242,17 +220,15 @@ class OpenAIServing:
 
     async def chat(self, prepared: PreparedRequest) -> ChatCompletionResponse:
         want = prepared.params.return_log_probs
-        result = await self._accumulate(prepared, want)
+        result, tokens = await self._collect(prepared)
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
             choices=[
                 ChatChoice(
                     message=AssistantMessage(content=result.text),
-                    finish_reason=result.finish_reason,
-                    logprobs=self._chat_log_probs(result.tokens, result.log_probs)
-                    if want
-                    else None,
+                    finish_reason=_finish(result.finish_reason),
+                    logprobs=self._chat_log_probs(tokens, result.log_probs) if want else None,
                 )
             ],
             usage=self._usage(prepared, result.completion_tokens),
