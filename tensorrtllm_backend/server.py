@@ -231,6 +231,23 @@ def build_command(
     return command[:-1]
 
 
+def _hide_virtualenv(env: dict[str, str]) -> None:
+    """Keep an activated virtualenv's interpreter off tritonserver's PATH.
+
+    A python backend stub embeds its own libpython and, with no PYTHONHOME, locates its standard
+    library from the first `python3` on PATH. An activated venv puts its interpreter there, whose
+    stdlib may belong to a different patch release (e.g. pyenv 3.11.7 next to Debian's 3.11.2):
+    extension modules such as _ssl then fail to load in every python model. The models find the
+    venv's packages through TRTLLM_BACKEND_PYTHONPATH instead.
+    """
+    venv = env.pop("VIRTUAL_ENV", None) or (sys.prefix if sys.prefix != sys.base_prefix else None)
+    if not venv:
+        return
+    venv_bin = os.path.realpath(os.path.join(venv, "bin"))
+    entries = env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(e for e in entries if os.path.realpath(e or ".") != venv_bin)
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: get SIGKILLed when the spawning thread dies."""
     with contextlib.suppress(OSError, AttributeError):
@@ -468,6 +485,7 @@ class TritonSupervisor:
         env[ENV_BACKEND_PYTHONPATH] = os.pathsep.join(
             default_python_paths() if paths is None else paths
         )
+        _hide_virtualenv(env)
         return env
 
     def _spawn(self, ports: TritonPorts) -> _Run:

@@ -433,3 +433,32 @@ def test_pytriton_wheel_is_the_cpu_fallback(
     assert all((python_backend / name).resolve().is_file() for name in names)
     assert [d.name for d in installation.library_dirs] == ["nvidia_pytriton.libs"]
     assert find_tritonserver(tmp_path) == installation  # the symlink farm is reused
+
+
+@pytest.mark.integration
+def test_python_models_load_under_an_activated_virtualenv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`source .venv/bin/activate` puts the venv's interpreter first on PATH; the stub must not
+    take its standard library from there (here: pyenv's 3.11.7 stdlib under Debian's 3.11.2
+    libpython broke `import ssl`, and with it transformers, in every python model)."""
+    repository = write_echo_repository(tmp_path / "repo")
+    model_py = repository / "echo" / "1" / "model.py"
+    model_py.write_text(
+        model_py.read_text().replace("import numpy", "import ssl  # noqa\nimport numpy")
+    )
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
+    monkeypatch.setenv("PATH", f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    sup = TritonSupervisor(
+        TritonServerConfig(model_repository=repository, startup_timeout_s=60, log_dir=tmp_path)
+    )
+    seen: list[psutil.Process] = []
+    try:
+        sup.start()
+        seen += process_tree(sup.pid)
+        assert echo(sup.grpc_url, [1.0]) == [2.0]
+        assert "VIRTUAL_ENV" not in psutil.Process(sup.pid).environ()
+    finally:
+        seen += process_tree(sup.pid)
+        sup.stop()
+        kill_all(seen)
