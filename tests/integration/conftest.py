@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -96,6 +98,13 @@ class BentoServer:
         return started
 
 
+def _stop_with_pytest() -> None:
+    """Runs in the child before exec: a killed pytest (no fixture teardown) still stops its
+    servers. SIGTERM, so `bentoml serve` shuts its worker and Triton down in order."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def launch_bento_server(
     model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
 ) -> BentoServer:
@@ -112,7 +121,7 @@ def launch_bento_server(
             [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
              "--host", host, "--port", str(port)],
             cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_stop_with_pytest,
         )  # fmt: skip
     return BentoServer(f"http://127.0.0.1:{port}", process, log_path)
 
