@@ -17,7 +17,12 @@ from typing import Any
 import bentoml
 from starlette.responses import JSONResponse
 
-from tensorrtllm_backend.deployment import model_tag, resources, tracing_config
+from tensorrtllm_backend.deployment import (
+    lengthen_keep_alive,
+    model_tag,
+    resources,
+    tracing_config,
+)
 from tensorrtllm_backend.errors import StreamAborted, as_api_error, error_response
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
@@ -33,6 +38,7 @@ from tensorrtllm_backend.streaming import coalesce, join_text
 logger = logging.getLogger("bentoml.trtllm")
 
 MODEL_TAG = model_tag()
+lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
 
 
 def _current_service() -> TRTLLM | None:

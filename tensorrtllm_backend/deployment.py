@@ -1,8 +1,9 @@
-"""Deployment-time choices made when service.py is imported: which stored model to serve and
-what resources to ask BentoML / BentoCloud for."""
+"""Deployment-time choices made when service.py is imported: which stored model to serve, what
+resources to ask BentoML / BentoCloud for, and the HTTP server's keep-alive timeout."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -51,3 +52,43 @@ def tracing_config() -> dict[str, Any]:
     if os.environ.get("TRTLLM_TRACE_STREAMS", "").lower() in ("1", "true", "yes"):
         return {}
     return {"excluded_urls": STREAMING_PATHS}
+
+
+KEEP_ALIVE_ENV = "TRTLLM_HTTP_KEEPALIVE_S"
+DEFAULT_KEEP_ALIVE_S = 75
+_UVICORN_DEFAULT_KEEP_ALIVE_S = 5  # also what `bentoml serve` passes when not told otherwise
+
+
+def keep_alive_timeout() -> int:
+    value = os.environ.get(KEEP_ALIVE_ENV, "")
+    return int(value) if value.strip() else DEFAULT_KEEP_ALIVE_S
+
+
+def lengthen_keep_alive() -> None:
+    """Serve idle keep-alive connections for 75 s (TRTLLM_HTTP_KEEPALIVE_S) instead of 5 s.
+
+    A server that closes an idle connection at the moment a client reuses it resets the client's
+    next request, which never reaches the service (for a POST, clients do not retry). uvicorn's
+    5 s equals httpx's default pool expiry, so under load httpx clients lost a few requests in a
+    thousand; a server timeout above its clients' (httpx 5 s, aiohttp 15 s, load balancers
+    ~60 s) closes that race. BentoML sets the value only through a hidden `bentoml serve` flag,
+    which BentoCloud's serve command does not pass, so the default is raised where uvicorn
+    reads it; an explicit `--timeout-keep-alive` other than 5 is kept.
+    """
+    import uvicorn
+
+    original = uvicorn.Config.__init__
+    if getattr(original, "_trtllm_keep_alive", False):
+        return
+    timeout = keep_alive_timeout()
+
+    @functools.wraps(original)
+    def init(self: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("timeout_keep_alive", _UVICORN_DEFAULT_KEEP_ALIVE_S) == (
+            _UVICORN_DEFAULT_KEEP_ALIVE_S
+        ):
+            kwargs["timeout_keep_alive"] = timeout
+        original(self, *args, **kwargs)
+
+    init._trtllm_keep_alive = True  # type: ignore[attr-defined]
+    uvicorn.Config.__init__ = init  # type: ignore[method-assign]

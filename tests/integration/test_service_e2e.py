@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -298,3 +299,36 @@ def test_shutdown_leaves_no_triton_process(synthetic_metrics_server) -> None:
     assert server.process.returncode is not None
     gone, alive = psutil.wait_procs(tritons, timeout=15)
     assert alive == [], f"left running after SIGTERM: {alive}"
+
+
+# --- HTTP keep-alive ------------------------------------------------------------------------------
+
+
+def _http_exchange(sock: socket.socket, request: bytes) -> bytes:
+    """One request on an open connection; the response head and body (Content-Length framed)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data  # the server closed the connection
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def test_idle_keep_alive_connection_outlives_common_client_expiry(
+    demo_server: BentoServer,
+) -> None:
+    """uvicorn's default 5 s keep-alive equals httpx's pool expiry: the server closing a
+    connection as a client reuses it resets that request. The service keeps idle connections
+    for 75 s, so one idle for 6 s still carries the next request."""
+    host, port = demo_server.url.removeprefix("http://").split(":")
+    request = f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")

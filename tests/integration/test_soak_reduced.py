@@ -41,17 +41,7 @@ def figure(output: str, name: str) -> int:
     return int(match.group(1))
 
 
-KEEPALIVE_LOSS = pytest.mark.xfail(
-    strict=False,
-    reason="open problem (issue 7): with 200 keep-alive connections a few requests in 1000 "
-    "sometimes end in ReadError before reaching the service (not in its access log), and "
-    "throughput is ~4x lower than with new connections; not diagnosed yet",
-)
-
-
-@pytest.mark.parametrize(
-    "mode", [pytest.param("keepalive", marks=KEEPALIVE_LOSS), "new-connections"]
-)
+@pytest.mark.parametrize("mode", ["keepalive", "new-connections"])
 def test_reduced_soak_loses_nothing(soak_server: BentoServer, synthetic_model: str, mode) -> None:
     extra = ("--no-keepalive",) if mode == "new-connections" else ()
     code, output = run_soak(soak_server, synthetic_model, *extra)
