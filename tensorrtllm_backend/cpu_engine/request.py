@@ -61,7 +61,11 @@ class Sink(Protocol):
 
 @dataclass(slots=True, eq=False)
 class GenRequest:
-    """One sequence to generate (beam width 1). Mutable state is owned by the scheduler thread."""
+    """One sequence to generate (beam width 1). Mutable state is owned by the scheduler thread.
+
+    A Triton request row with num_return_sequences = N becomes N GenRequests (as TensorRT-LLM
+    splits it into N child requests): same batch_index and request_id, sequence_index 0..N-1.
+    """
 
     prompt: list[int]
     max_new_tokens: int
@@ -77,7 +81,8 @@ class GenRequest:
     return_log_probs: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     embedding_bias: Sequence[float] | None = None
-    batch_index: int = 0
+    batch_index: int = 0  # row of the Triton request this sequence belongs to
+    sequence_index: int = 0  # which of the row's num_return_sequences sequences this is
     arrival_ns: int = field(default_factory=time.time_ns)
     # Scheduler state.
     generated: list[int] = field(default_factory=list)

@@ -3,7 +3,8 @@
 One background thread owns all generation state. Between decode steps it admits queued requests
 (up to max_batch_size active), drops cancelled ones and retires finished ones; each step gives
 every due request exactly one token. Results go to each request's Sink, so the loop knows
-nothing about Triton.
+nothing about Triton. A GenRequest is one sequence: a Triton request with several rows or
+num_return_sequences > 1 arrives as several GenRequests, each taking its own batch slot.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class Scheduler:
             self._cond.notify()
 
     def cancel(self, request_id: str) -> int:
-        """Cancel in-flight requests with this id (TensorRT-LLM's `stop` input). Returns how many."""
+        """Cancel in-flight requests with this id (TensorRT-LLM's `stop` input): every sequence
+        of a num_return_sequences request shares the id, so all of them stop. Returns how many."""
         with self._cond:
             reqs = self._by_id.get(request_id, [])
             for req in reqs:

@@ -1,14 +1,16 @@
-"""Triton tensors of a tensorrt_llm request -> GenRequest keyword arguments, one set per row.
+"""Triton tensors of a tensorrt_llm request -> GenRequest keyword arguments, one set per sequence.
 
-A request may carry several sequences (batch dim B > 1, e.g. the ensemble fed a batch of
-prompts): each row becomes its own GenRequest and its responses carry batch_index = row.
-Per-request scalars arrive as [B, 1] (or [B] with reshape []); a single value is broadcast.
-pb_utils only exists inside the Triton python stub, so it is passed in rather than imported.
+A request may carry several rows (batch dim B > 1, e.g. the ensemble fed a batch of prompts),
+and each row may ask for num_return_sequences = N sequences (beam width 1, TensorRT-LLM's
+semantics): row b becomes N GenRequests with batch_index = b and sequence_index = 0..N-1, and
+their responses carry both indexes. Per-request scalars arrive as [B, 1] (or [B] with reshape
+[]); a single value is broadcast. pb_utils only exists inside the Triton python stub, so it is
+passed in rather than imported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,9 +24,12 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
-    rows: list[dict[str, Any]]  # GenRequest keyword arguments (without sink), one per sequence
+    # GenRequest keyword arguments (without sink), one per sequence: rows x num_return_sequences,
+    # row-major (row 0's sequences first).
+    sequences: list[dict[str, Any]]
     streaming: bool
     perf_metrics: bool  # return_perf_metrics: add the *_time_ns outputs to final responses
+    max_return_sequences: int = 1  # the largest num_return_sequences of any row
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,7 @@ class EngineLimits:
     vocab_size: int
     default_end_id: int | None
     exclude_input_in_output: bool
+    max_batch_size: int  # each returned sequence takes a batch slot: caps num_return_sequences
 
 
 class _Inputs:
@@ -94,12 +100,23 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
     output_lens = inputs.rows("request_output_len", None)
     if output_lens[0] is None:
         raise RequestError("input 'request_output_len' is required")
-    for name, limit in (("beam_width", limits.max_beam_width), ("num_return_sequences", 1)):
-        for value in inputs.rows(name, 1):
-            if int(value) > limit:
-                raise RequestError(f"{name} {int(value)} exceeds the engine's limit {limit}")
-            if int(value) != 1:
-                raise RequestError(f"the CPU engine supports {name} 1 only")
+    for value in inputs.rows("beam_width", 1):
+        if int(value) > limits.max_beam_width:
+            raise RequestError(
+                f"beam_width {int(value)} exceeds the engine's limit {limits.max_beam_width}"
+            )
+        if int(value) != 1:  # so num_return_sequences > 1 always means N sampled sequences
+            raise RequestError("the CPU engine supports beam_width 1 only")
+    return_sequences = [int(v) for v in inputs.rows("num_return_sequences", 1)]
+    for count in return_sequences:
+        if count < 1:
+            raise RequestError(f"num_return_sequences must be at least 1, got {count}")
+        if count > limits.max_batch_size:
+            raise RequestError(
+                f"num_return_sequences {count} exceeds the engine's max_batch_size "
+                f"{limits.max_batch_size} (each returned sequence takes a batch slot): ask for "
+                f"at most {limits.max_batch_size}"
+            )
 
     end_ids = inputs.rows("end_id", limits.default_end_id)
     pad_ids = inputs.rows("pad_id", None)
@@ -127,7 +144,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
         bias = bias.reshape(bias.shape[0], -1) if bias.ndim > 1 else bias.reshape(1, -1)
     request_id = request.request_id()
 
-    rows: list[dict[str, Any]] = []
+    sequences: list[dict[str, Any]] = []
     for row in range(inputs.batch):
         input_len, output_len = int(lengths[row]), int(output_lens[row])
         if not 0 < input_len <= input_ids.shape[1]:
@@ -154,12 +171,13 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
         row_bias = None
         if bias is not None and bias.size:
             row_bias = bias[row if bias.shape[0] > 1 else 0].tolist()
-        rows.append(
+        sequences += split_sequences(
             {
                 "prompt": prompt.tolist(),
                 "max_new_tokens": output_len,
                 "request_id": request_id,
                 "batch_index": row,
+                "sequence_index": 0,
                 "end_id": None if end_ids[row] is None else int(end_ids[row]),
                 "pad_id": None if pad_ids[row] is None else int(pad_ids[row]),
                 "stop_words": stop_words[row],
@@ -178,6 +196,38 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                     seed=int(seeds[row]),
                 ),
                 "embedding_bias": row_bias,
+            },
+            return_sequences[row],
+        )
+    return ParsedRequest(
+        sequences=sequences,
+        streaming=streaming,
+        perf_metrics=perf,
+        max_return_sequences=max(return_sequences),
+    )
+
+
+def split_sequences(row: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """One row's GenRequest arguments (sequence_index 0) -> `count` sequences for
+    num_return_sequences = count (beam width 1), as TensorRT-LLM splits such a request into
+    child requests.
+
+    Sequence i samples with seed + i, so that N sampled sequences differ yet stay reproducible
+    (the same request gives the same N sequences); greedy sequences ignore the seed and are
+    identical, as on TensorRT-LLM. (The synthetic backend derives every token from the seed, so
+    its sequences differ even with greedy settings.) The prompt and word lists are shared, not
+    copied: the engine only reads them.
+    """
+    if count == 1:
+        return [row]
+    sampling: SamplingParams = row["sampling"]
+    sequences = [row]
+    for i in range(1, count):
+        sequences.append(
+            {
+                **row,
+                "sequence_index": i,
+                "sampling": replace(sampling, seed=(sampling.seed + i) % 2**64),  # UINT64 input
             }
         )
-    return ParsedRequest(rows=rows, streaming=streaming, perf_metrics=perf)
+    return sequences

@@ -1,10 +1,13 @@
 """Scheduler events -> pb_utils responses with TensorRT-LLM's output shapes.
 
-One ResponseGroup per Triton request; one RowSink (the scheduler's Sink) per sequence in it.
-Decoupled: every row's responses go through the request's response sender, tagged with
-batch_index, and the FINAL flag rides the last response of the last row to finish (as
-TensorRT-LLM sends it with the last response). Not decoupled: rows are merged into one response
-([B, 1, len] padded) that execute() returns.
+One ResponseGroup per Triton request; one SequenceSink (the scheduler's Sink) per sequence in
+it: rows x num_return_sequences. Decoupled: every sequence's responses go through the request's
+response sender, tagged with batch_index (its row) and sequence_index (which of the row's
+num_return_sequences it is); streaming sequences interleave token by token, non-streaming ones
+send one whole response each. The FINAL flag rides the last response of the last sequence to
+finish (as TensorRT-LLM sends it with the last response). Not decoupled: one sequence per row
+(num_return_sequences > 1 is rejected before), merged into one response ([B, 1, len] padded)
+that execute() returns.
 Shapes (max_batch_size > 0, beam 1): output_ids [1, 1, n], sequence_length [1, 1],
 cum_log_probs [1, 1], output_log_probs [1, 1, n], batch_index / sequence_index [1, 1].
 """
@@ -25,6 +28,12 @@ _PERF_OUTPUTS = (
     "last_token_time_ns",
 )
 _ROW_LEN = {n: np.array([[n]], dtype=np.int32) for n in (0, 1)}  # streaming: reuse, never mutated
+# batch_index / sequence_index values [[i]] for the per-token path: reused, never mutated.
+_INDEX = tuple(np.array([[i]], dtype=np.int32) for i in range(64))
+
+
+def _index(i: int) -> np.ndarray:
+    return _INDEX[i] if i < 64 else np.array([[i]], dtype=np.int32)
 
 
 def _ns(req: GenRequest) -> tuple[int, int, int, int]:
@@ -32,16 +41,22 @@ def _ns(req: GenRequest) -> tuple[int, int, int, int]:
 
 
 class ResponseGroup:
-    """The response side of one Triton request shared by its rows."""
+    """The response side of one Triton request shared by its sequences."""
 
     def __init__(
-        self, pb: Any, request: Any, *, decoupled: bool, rows: int = 1, perf_metrics: bool = False
+        self,
+        pb: Any,
+        request: Any,
+        *,
+        decoupled: bool,
+        sequences: int = 1,
+        perf_metrics: bool = False,
     ) -> None:
         self._pb = pb
         self._request = request
         self._sender = request.get_response_sender() if decoupled else None
         self._lock = threading.Lock()
-        self._pending = rows
+        self._pending = sequences  # sequences that have not sent their last response yet
         self._closed = False
         self._client_cancelled = False
         self._done = threading.Event()
@@ -56,22 +71,25 @@ class ResponseGroup:
             wanted = ("batch_index",)
         self._want_indices = "batch_index" in wanted or "sequence_index" in wanted
 
-    def set_rows(self, rows: int, perf_metrics: bool) -> None:
-        self._pending = rows
+    def set_sequences(self, sequences: int, perf_metrics: bool) -> None:
+        """How many sequences (rows x num_return_sequences) must finish before FINAL."""
+        self._pending = sequences
         self.perf_metrics = perf_metrics
 
-    def sink(self, row: int) -> RowSink:
-        return RowSink(self, row)
+    def sink(self) -> SequenceSink:
+        """The Sink of one more sequence of this request."""
+        return SequenceSink(self)
 
-    # -- used by RowSink -----------------------------------------------------------------------
+    # -- used by SequenceSink ------------------------------------------------------------------
     def emit(
         self,
         req: GenRequest,
         tokens: list[int],
         logprobs: list[float] | None,
-        row_final: bool,
+        sequence_final: bool,
     ) -> None:
-        """Decoupled: send one row's response; FINAL when it is the last row's last response."""
+        """Decoupled: send one sequence's response; FINAL when it is the last response of the
+        last sequence (sequence_final: this sequence's last response)."""
         pb = self._pb
         n = len(tokens)
         tensors = [
@@ -79,8 +97,8 @@ class ResponseGroup:
             pb.Tensor("sequence_length", _ROW_LEN[n] if n < 2 else np.array([[n]], np.int32)),
         ]
         if self._want_indices:
-            tensors.append(pb.Tensor("batch_index", np.array([[req.batch_index]], np.int32)))
-            tensors.append(pb.Tensor("sequence_index", np.zeros((1, 1), np.int32)))
+            tensors.append(pb.Tensor("batch_index", _index(req.batch_index)))
+            tensors.append(pb.Tensor("sequence_index", _index(req.sequence_index)))
         if logprobs is not None:
             tensors.append(
                 pb.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, n))
@@ -88,14 +106,14 @@ class ResponseGroup:
             tensors.append(
                 pb.Tensor("cum_log_probs", np.array([[req.cum_logprob]], dtype=np.float32))
             )
-        if self.perf_metrics and row_final:
+        if self.perf_metrics and sequence_final:
             for name, value in zip(_PERF_OUTPUTS, _ns(req), strict=True):
                 tensors.append(pb.Tensor(name, np.array([[value]], dtype=np.int64)))
-        self._send_decoupled(pb.InferenceResponse(output_tensors=tensors), row_final)
+        self._send_decoupled(pb.InferenceResponse(output_tensors=tensors), sequence_final)
 
-    def row_done(self, req: GenRequest, tokens: list[int] | None, error: str | None) -> None:
-        """A row finished without a data response of its own (decoupled) or with its complete
-        output (not decoupled)."""
+    def sequence_done(self, req: GenRequest, tokens: list[int] | None, error: str | None) -> None:
+        """A sequence finished without a data response of its own (decoupled) or with its
+        complete output (not decoupled: one sequence per row)."""
         if self._sender is not None:
             if error is not None:
                 response = self._pb.InferenceResponse(
@@ -115,7 +133,7 @@ class ResponseGroup:
         self._done.set()
 
     def fail_all(self, message: str) -> None:
-        """The whole request is rejected before any row started."""
+        """The whole request is rejected before any sequence started."""
         error = self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(message))
         with self._lock:
             if self._closed:
@@ -151,9 +169,9 @@ class ResponseGroup:
         return self._done.wait(timeout)
 
     # -- internals -----------------------------------------------------------------------------
-    def _send_decoupled(self, response: Any, row_final: bool) -> None:
+    def _send_decoupled(self, response: Any, sequence_final: bool) -> None:
         flags = 0
-        if row_final:
+        if sequence_final:
             with self._lock:
                 if self._closed:
                     return
@@ -164,7 +182,7 @@ class ResponseGroup:
         elif self._closed:
             return
         if response is None and not flags:
-            return  # a row ended silently while others still run
+            return  # a sequence ended silently while others still run
         self._sender_send(response, flags)
 
     def _sender_send(self, response: Any, flags: int) -> None:
@@ -174,7 +192,7 @@ class ResponseGroup:
             else:
                 self._sender.send(response, flags=flags)
         except Exception:
-            # The client is gone (cancelled stream): the scheduler drops the rows next poll.
+            # The client is gone (cancelled stream): the scheduler drops the sequences next poll.
             self._client_cancelled = True
 
     def _merged(self) -> Any:
@@ -215,14 +233,13 @@ class ResponseGroup:
         return pb.InferenceResponse(output_tensors=tensors)
 
 
-class RowSink:
-    """The scheduler's Sink for one sequence of a request."""
+class SequenceSink:
+    """The scheduler's Sink for one sequence of a request (its indexes live on the GenRequest)."""
 
-    __slots__ = ("_group", "_row")
+    __slots__ = ("_group",)
 
-    def __init__(self, group: ResponseGroup, row: int) -> None:
+    def __init__(self, group: ResponseGroup) -> None:
         self._group = group
-        self._row = row
 
     def send_tokens(
         self, req: GenRequest, tokens: list[int], logprobs: list[float] | None, final: bool
@@ -234,22 +251,22 @@ class RowSink:
         if req.streaming:
             if reason is FinishReason.CANCELLED:
                 if group.client_cancelled:
-                    group.row_done(req, None, None)  # nobody listens: just release
+                    group.sequence_done(req, None, None)  # nobody listens: just release
                 else:  # stop=true: end the stream with an empty final response
                     group.emit(req, [], [] if req.return_log_probs else None, True)
             return  # other reasons: the final data response was already sent
         if reason is FinishReason.CANCELLED and group.client_cancelled:
-            group.row_done(req, None, None)
+            group.sequence_done(req, None, None)
             return
         tokens = req.generated if req.exclude_input_in_output else req.prompt + req.generated
         if group.decoupled:
             # Log probs cover the generated tokens only, also when the prompt is returned.
             group.emit(req, tokens, req.logprobs if req.return_log_probs else None, True)
         else:
-            group.row_done(req, tokens, None)
+            group.sequence_done(req, tokens, None)
 
     def fail(self, req: GenRequest, message: str) -> None:
-        self._group.row_done(req, None, message)
+        self._group.sequence_done(req, None, message)
 
     def is_cancelled(self) -> bool:
         return self._group.is_cancelled()

@@ -36,6 +36,7 @@ FAST = "tensorrt_llm"  # synthetic, ITL 0, max_input_len 64
 SLOW = "trtllm_slow"  # synthetic, ITL 5 ms, one batch slot (queueing / cancellation)
 SYNC = "trtllm_sync"  # synthetic, non-decoupled model transaction policy
 HF = "trtllm_hf"  # demo checkpoint through transformers
+MULTI = "trtllm_multi"  # synthetic, ITL 5 ms, 4 batch slots (num_return_sequences, cancellation)
 
 
 def _add_model(repo: Path, name: str, engine_dir: Path, *, decoupled: bool, work: Path) -> None:
@@ -74,6 +75,14 @@ def engine_dirs(tmp_path_factory):
             max_batch_size=1,
         ),
         SYNC: write_engine_dir(root / "sync", mode="synthetic", vocab_size=VOCAB, eos_token_id=EOS),
+        MULTI: write_engine_dir(
+            root / "multi",
+            mode="synthetic",
+            vocab_size=VOCAB,
+            eos_token_id=EOS,
+            itl_ms=5,
+            max_batch_size=4,
+        ),
         HF: write_engine_dir(
             root / "hf", mode="hf", checkpoint_dir=ckpt, vocab_size=VOCAB, eos_token_id=EOS
         ),
@@ -428,6 +437,189 @@ async def test_batched_request_non_decoupled_is_merged_and_padded(client):
     assert ids[0, 0].tolist() == expected[0]
     assert ids[1, 0, :2].tolist() == expected[1]
     assert result.as_numpy("batch_index").tolist() == [[0], [1]]
+
+
+# ----- num_return_sequences -------------------------------------------------------------------
+
+
+def by_sequence(responses) -> dict[int, list[int]]:
+    """Tokens per sequence_index (every data response must carry batch_index 0)."""
+    out: dict[int, list[int]] = {}
+    for ids, result, _ in responses:
+        if ids is None:
+            continue
+        assert result.as_numpy("batch_index").tolist() == [[0]]
+        index = int(result.as_numpy("sequence_index")[0, 0])
+        out.setdefault(index, []).extend(int(t) for t in ids.reshape(-1))
+    return out
+
+
+def seeded(prompt: list[int], n: int, seed: int) -> list[int]:
+    return predict_tokens(prompt, n, vocab_size=VOCAB, eos_token_id=EOS, seed=seed)
+
+
+async def test_return_sequences_streaming(client):
+    """Three sequences stream interleaved, each complete with seed + index; one FINAL at the end."""
+    seed = np.array([[10]], dtype=np.uint64)
+    responses = await stream(
+        client, FAST, PROMPT, 6, streaming=True, num_return_sequences=3, seed=seed
+    )
+    assert by_sequence(responses) == {i: seeded(PROMPT, 6, 10 + i) for i in range(3)}
+    assert len(responses) == 18  # one token per response; the FINAL rides the last one
+    assert [final for _, _, final in responses] == [False] * 17 + [True]
+    for ids, result, _ in responses:
+        assert ids.shape == (1, 1, 1)
+        assert result.as_numpy("sequence_length").tolist() == [[1]]
+
+
+async def test_return_sequences_non_streaming_decoupled(client):
+    """Not streaming on the decoupled model: one whole response per sequence, then FINAL."""
+    responses = await stream(
+        client,
+        FAST,
+        PROMPT,
+        5,
+        num_return_sequences=3,
+        exclude_input_in_output=True,
+        return_log_probs=True,
+    )
+    assert len(responses) == 3
+    assert [final for _, _, final in responses] == [False, False, True]
+    assert by_sequence(responses) == {i: seeded(PROMPT, 5, i) for i in range(3)}
+    for ids, result, _ in responses:
+        assert ids.shape == (1, 1, 5)
+        assert result.as_numpy("sequence_length").tolist() == [[5]]
+        assert result.as_numpy("output_log_probs").shape == (1, 1, 5)
+    # With the prompt: each sequence's whole output starts with it.
+    with_prompt = await stream(
+        client, FAST, PROMPT, 3, num_return_sequences=2, exclude_input_in_output=False
+    )
+    assert {
+        int(r.as_numpy("sequence_index")[0, 0]): ids.reshape(-1).tolist()
+        for ids, r, _ in with_prompt
+    } == {i: PROMPT + seeded(PROMPT, 3, i) for i in range(2)}
+
+
+async def test_return_sequences_rows_times_n(client):
+    """Two rows x two sequences: four streams told apart by (batch_index, sequence_index)."""
+    prompts, lens = [[5, 6, 7], [9, 10]], [4, 3]
+    inputs = batch_inputs(prompts, lens, streaming=True)
+    count = InferInput("num_return_sequences", [2, 1], "INT32")
+    count.set_data_from_numpy(np.array([[2], [2]], dtype=np.int32))
+
+    async def requests():
+        yield {"model_name": FAST, "inputs": [*inputs, count], "enable_empty_final_response": True}
+
+    got: dict[tuple[int, int], list[int]] = {}
+    finals = []
+    iterator = client.stream_infer(requests())
+    try:
+        async for result, error in iterator:
+            assert error is None
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            finals.append(final)
+            key = (
+                int(result.as_numpy("batch_index")[0, 0]),
+                int(result.as_numpy("sequence_index")[0, 0]),
+            )
+            got.setdefault(key, []).extend(result.as_numpy("output_ids").reshape(-1).tolist())
+            if final:
+                break
+    finally:
+        iterator.cancel()
+    assert got == {
+        (row, i): seeded(prompts[row], lens[row], i) for row in range(2) for i in range(2)
+    }
+    assert finals == [False] * (sum(lens) * 2 - 1) + [True]
+
+
+async def test_return_sequences_errors(client):
+    with pytest.raises(
+        InferenceServerException,
+        match="num_return_sequences 5 exceeds the engine's max_batch_size 4",
+    ):
+        await stream(client, MULTI, PROMPT, 3, streaming=True, num_return_sequences=5)
+    with pytest.raises(InferenceServerException, match="num_return_sequences must be at least 1"):
+        await stream(client, FAST, PROMPT, 3, num_return_sequences=0)
+    with pytest.raises(InferenceServerException, match="beam_width"):
+        await stream(client, FAST, PROMPT, 3, beam_width=2, num_return_sequences=2)
+    with pytest.raises(
+        InferenceServerException,
+        match=re.escape("num_return_sequences > 1 needs the decoupled (streaming) transaction"),
+    ):
+        await client.infer(SYNC, make_inputs(PROMPT, 3, num_return_sequences=2))
+    # num_return_sequences 1 is still fine on the non-decoupled model.
+    result = await client.infer(
+        SYNC, make_inputs(PROMPT, 3, num_return_sequences=1, exclude_input_in_output=True)
+    )
+    assert result.as_numpy("output_ids").tolist() == [[seeded(PROMPT, 3, 0)]]
+    # Exactly max_batch_size sequences is allowed.
+    responses = await stream(client, MULTI, PROMPT, 2, num_return_sequences=4)
+    assert sorted(by_sequence(responses)) == [0, 1, 2, 3]
+
+
+async def test_return_sequences_stop_cancels_all(client, triton):
+    await asyncio.sleep(0.3)
+    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", MULTI)
+    long_task = asyncio.create_task(
+        stream(
+            client,
+            MULTI,
+            PROMPT,
+            1000,
+            request_id="stop-multi",
+            streaming=True,
+            num_return_sequences=3,
+        )
+    )
+    await wait_metric(triton, "trtllm_cpu_engine_active_requests", MULTI, lambda v: v == 3)
+    await stream(client, MULTI, PROMPT, 1, request_id="stop-multi", stop=True)
+    responses = await asyncio.wait_for(long_task, 10)
+    assert [final for _, _, final in responses].count(True) == 1 and responses[-1][2]
+    tokens = by_sequence(responses)
+    assert sorted(tokens) == [0, 1, 2]
+    assert all(0 < len(t) < 1000 for t in tokens.values())
+    cancelled = await wait_metric(
+        triton,
+        "trtllm_cpu_engine_cancelled_requests_total",
+        MULTI,
+        lambda v: v >= cancelled_before + 3,
+    )
+    assert cancelled == cancelled_before + 3
+    assert (
+        await wait_metric(triton, "trtllm_cpu_engine_active_requests", MULTI, lambda v: v == 0) == 0
+    )
+
+
+async def test_return_sequences_client_cancel_drops_all(client, triton):
+    await asyncio.sleep(0.3)
+    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", MULTI)
+
+    async def requests():
+        yield {
+            "model_name": MULTI,
+            "inputs": make_inputs(PROMPT, 1000, streaming=True, num_return_sequences=3),
+            "request_id": "gone-multi",
+        }
+
+    iterator = client.stream_infer(requests())
+    seen: set[int] = set()
+    async for result, error in iterator:
+        assert error is None
+        seen.add(int(result.as_numpy("sequence_index")[0, 0]))
+        if len(seen) == 3:
+            break
+    iterator.cancel()
+    cancelled = await wait_metric(
+        triton,
+        "trtllm_cpu_engine_cancelled_requests_total",
+        MULTI,
+        lambda v: v >= cancelled_before + 3,
+    )
+    assert cancelled == cancelled_before + 3
+    assert (
+        await wait_metric(triton, "trtllm_cpu_engine_active_requests", MULTI, lambda v: v == 0) == 0
+    )
 
 
 def test_stub_that_outlives_tritonserver_is_killed(engine_dirs, tmp_path):

@@ -172,6 +172,9 @@ def _inputs(prompt: str, max_tokens: int, stream: bool, **extra) -> list[grpccli
     if "exclude_input_in_output" in extra:
         value = np.array([[extra.pop("exclude_input_in_output")]])
         inputs.append(tensor("exclude_input_in_output", value, "BOOL"))
+    if "num_return_sequences" in extra:
+        value = np.array([[extra.pop("num_return_sequences")]], dtype=np.int32)
+        inputs.append(tensor("num_return_sequences", value, "INT32"))
     assert not extra, f"unknown inputs {extra}"
     return inputs
 
@@ -210,10 +213,14 @@ async def generate(
     return result
 
 
-def expected_text(tokenizer, prompt: str, max_tokens: int, *, with_prompt: bool = False) -> str:
+def expected_text(
+    tokenizer, prompt: str, max_tokens: int, *, with_prompt: bool = False, seed: int = 0
+) -> str:
     """What the synthetic engine generates, decoded as every path must (no partial last char)."""
     prompt_ids = tokenizer.encode(prompt)
-    ids = predict_tokens(prompt_ids, max_tokens, vocab_size=len(tokenizer), eos_token_id=EOS_ID)
+    ids = predict_tokens(
+        prompt_ids, max_tokens, vocab_size=len(tokenizer), eos_token_id=EOS_ID, seed=seed
+    )
     if with_prompt:
         ids = prompt_ids + ids
     return decode(tokenizer, ids).rstrip("\ufffd")
@@ -395,6 +402,81 @@ async def test_empty_prompt_is_an_error(synthetic_server: Server) -> None:
     for model in (ENSEMBLE, BLS):
         result = await generate(synthetic_server.url, model, "", 4, stream=True)
         assert result.error is not None and "prompt is empty" in result.error
+
+
+# ----- num_return_sequences through the BLS and the ensemble ------------------------------------
+
+
+@dataclass
+class Sequences:
+    texts: dict[int, str] = field(default_factory=dict)  # text per sequence_index
+    responses: int = 0
+    error: str | None = None
+
+
+async def generate_sequences(
+    url: str, model: str, prompt: str, max_tokens: int, count: int, *, stream: bool, **call
+) -> Sequences:
+    """One request with num_return_sequences = count; texts joined per sequence_index.
+
+    Reads until the server closes the stream, which it does once the FINAL flag was sent (the
+    aio client cannot ask for empty final responses, so a flag-only FINAL is not seen): a
+    missing FINAL shows up as a timeout, a response after it is impossible.
+    """
+    result = Sequences()
+
+    async def requests() -> AsyncIterator[dict]:
+        yield {
+            "model_name": model,
+            "inputs": _inputs(prompt, max_tokens, stream, num_return_sequences=count),
+            "outputs": [
+                grpcclient.InferRequestedOutput("text_output"),
+                grpcclient.InferRequestedOutput("sequence_index"),
+            ],
+            **call,
+        }
+
+    async def read(client) -> None:
+        async for response, error in client.stream_infer(requests()):
+            if error is not None:
+                result.error = str(error)
+                break
+            result.responses += 1
+            text = response.as_numpy("text_output")
+            if text is not None:
+                index = int(response.as_numpy("sequence_index").reshape(-1)[0])
+                chunk = text.reshape(-1)[0].decode("utf-8")
+                result.texts[index] = result.texts.get(index, "") + chunk
+
+    async with grpcclient.InferenceServerClient(url) as client:
+        await asyncio.wait_for(read(client), 60)
+    return result
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_bls_return_sequences(synthetic_server: Server, tokenizer, stream: bool) -> None:
+    """The BLS demultiplexes the engine's interleaved sequences by sequence_index: each one's
+    text is whole (sequence i is the synthetic engine's output for seed i)."""
+    prompt = PROMPTS[1]
+    result = await generate_sequences(
+        synthetic_server.url, BLS, prompt, 24, 2, stream=stream, request_id=uuid.uuid4().hex
+    )
+    assert result.error is None, result.error
+    assert result.texts == {i: expected_text(tokenizer, prompt, 24, seed=i) for i in range(2)}
+    assert result.texts[0] != result.texts[1]
+
+
+async def test_ensemble_passes_return_sequences(synthetic_server: Server, tokenizer) -> None:
+    """The ensemble forwards num_return_sequences and returns sequence_index. Not streamed and
+    without a request id: postprocessing keeps detokenizer state per (request id, row), not per
+    sequence, so only whole sequences decoded statelessly come out exact."""
+    prompt = PROMPTS[0]
+    result = await generate_sequences(
+        synthetic_server.url, ENSEMBLE, prompt, 16, 3, stream=False, request_id=""
+    )
+    assert result.error is None, result.error
+    assert result.responses == 3  # one whole response per sequence
+    assert result.texts == {i: expected_text(tokenizer, prompt, 16, seed=i) for i in range(3)}
 
 
 # ----- the python models called directly -------------------------------------------------------

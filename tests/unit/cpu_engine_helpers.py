@@ -44,3 +44,25 @@ def make_request(
 ) -> tuple[GenRequest, RecordingSink]:
     sink = RecordingSink()
     return GenRequest(prompt=prompt, max_new_tokens=max_new_tokens, sink=sink, **kwargs), sink
+
+
+def make_sequences(
+    prompt: list[int], max_new_tokens: int, count: int, **kwargs
+) -> list[tuple[GenRequest, RecordingSink]]:
+    """The `count` GenRequests one Triton row with num_return_sequences = count becomes
+    (triton_io.split_sequences, the same split parse_request does), each with its own sink."""
+    from tensorrtllm_backend.cpu_engine.request import SamplingParams
+    from tensorrtllm_backend.cpu_engine.triton_io import split_sequences
+
+    row = {
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+        "sequence_index": 0,
+        "sampling": kwargs.pop("sampling", None) or SamplingParams(),
+        **kwargs,
+    }
+    pairs = []
+    for arguments in split_sequences(row, count):
+        sink = RecordingSink()
+        pairs.append((GenRequest(sink=sink, **arguments), sink))
+    return pairs

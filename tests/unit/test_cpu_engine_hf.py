@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from cpu_engine_helpers import make_request
+from cpu_engine_helpers import make_request, make_sequences
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -167,3 +167,27 @@ def test_demo_checkpoint_is_deterministic(checkpoint, tmp_path):
     again = build_demo_checkpoint(tmp_path / "again")
     for name in ("tokenizer.json", "config.json", "model.safetensors"):
         assert (again / name).read_bytes() == (checkpoint / name).read_bytes()
+
+
+def test_return_sequences_sample_with_seed_plus_index(scheduler, tokenizer):
+    """num_return_sequences: sequence i samples like a lone request with seed + i, so the N
+    sequences differ from each other yet the same request gives the same N sequences again."""
+    prompt = encode(tokenizer, PROMPTS[0])
+    params = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=7)
+
+    def sequences():
+        return run(scheduler, make_sequences(prompt, 16, 3, sampling=params))
+
+    first = sequences()  # the three decode together in one batch
+    assert sequences() == first
+    assert len({tuple(tokens) for tokens in first}) == 3
+    for i, tokens in enumerate(first):
+        alone = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=7 + i)
+        assert run(scheduler, [make_request(prompt, 16, sampling=alone)])[0] == tokens
+
+
+def test_return_sequences_greedy_are_identical(scheduler, tokenizer):
+    """Greedy ignores the seed: N greedy sequences are the same, as on TensorRT-LLM."""
+    prompt = encode(tokenizer, PROMPTS[2])
+    got = run(scheduler, make_sequences(prompt, 10, 3, sampling=SamplingParams(seed=4)))
+    assert got[0] == got[1] == got[2] == run(scheduler, [make_request(prompt, 10)])[0]

@@ -114,6 +114,7 @@ class TritonPythonModel:
             vocab_size=config.pretrained_config.vocab_size,
             default_end_id=None,  # as TensorRT-LLM: no end id unless the request sends one
             exclude_input_in_output=_bool_param(model_config, "exclude_input_in_output", False),
+            max_batch_size=build.max_batch_size,
         )
         self.scheduler = Scheduler(
             _make_backend(config),
@@ -160,7 +161,7 @@ class TritonPythonModel:
             done = GenRequest(
                 prompt=[],
                 max_new_tokens=0,
-                sink=group.sink(0),
+                sink=group.sink(),
                 streaming=self.decoupled,
                 exclude_input_in_output=True,
             )
@@ -169,9 +170,16 @@ class TritonPythonModel:
         parsed = parse_request(pb_utils, request, self.limits)
         if parsed.streaming and not self.decoupled:
             raise RequestError("streaming requires the decoupled transaction policy")
-        group.set_rows(len(parsed.rows), parsed.perf_metrics)
-        for row, kwargs in enumerate(parsed.rows):
-            self.scheduler.submit(GenRequest(sink=group.sink(row), **kwargs))
+        if parsed.max_return_sequences > 1 and not self.decoupled:
+            # One merged response has no place for several sequences per row.
+            raise RequestError(
+                "num_return_sequences > 1 needs the decoupled (streaming) transaction policy"
+            )
+        # Rows x num_return_sequences GenRequests, each in its own batch slot (TensorRT-LLM's
+        # child requests); they share the request id, so stop=true cancels all of them.
+        group.set_sequences(len(parsed.sequences), parsed.perf_metrics)
+        for kwargs in parsed.sequences:
+            self.scheduler.submit(GenRequest(sink=group.sink(), **kwargs))
 
     def finalize(self) -> None:
         self.metrics.stop()

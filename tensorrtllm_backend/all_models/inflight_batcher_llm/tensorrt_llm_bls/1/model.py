@@ -222,9 +222,17 @@ class _Stream:
         return pb_utils.InferenceRequest(
             model_name=self.model.engine_model,
             inputs=inputs,
-            requested_output_names=sorted(set(TOKEN_OUTPUTS) | self.passthrough),
+            requested_output_names=sorted(self._engine_outputs()),
             request_id=self.inner_id,
         )
+
+    def _engine_outputs(self) -> set[str]:
+        # Triton drops outputs nobody asked for: several sequences are told apart by
+        # sequence_index even when the client did not request it.
+        outputs = set(TOKEN_OUTPUTS) | self.passthrough
+        if self.expected_sequences > 1:
+            outputs.add("sequence_index")
+        return outputs
 
     def _stop_engine(self) -> None:
         """End the inner request early (stop string hit or client gone)."""
