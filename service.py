@@ -95,6 +95,12 @@ class TRTLLM:
         """Stream the completion of `prompt` as text chunks."""
         try:
             prepared = self._prepare(fields)
+            if prepared.params.num_return_sequences > 1:
+                raise RequestError(
+                    "generate streams one sequence as plain text: ask for several with "
+                    "generate_text, or with n on /v1/completions or /v1/chat/completions",
+                    param="num_return_sequences",
+                )
         except RequestError as error:
             raise as_api_error(error) from None
         first = True

@@ -20,7 +20,13 @@ from .client import TritonLLMClient, TritonModelError
 from .engine import EngineInfo
 from .lora import LoraAdapter, LoraRegistry
 from .metrics import GenerationMetrics
-from .schemas import FinishReason, GenerationChunk, GenerationResult, SamplingParams
+from .schemas import (
+    FinishReason,
+    GenerationChunk,
+    GenerationResult,
+    SamplingParams,
+    SequenceResult,
+)
 from .tokenization import IncrementalDetokenizer, StopStringMatcher, encode_word_lists
 from .translation import (
     LoraTensors,
@@ -30,6 +36,7 @@ from .translation import (
     new_token_ids,
     response_log_probs,
     response_text,
+    sequence_index,
     text_outputs,
     text_tensors,
 )
@@ -64,10 +71,11 @@ class EngineLimits:
     max_input_len: int
     max_seq_len: int
     max_beam_width: int = 1
+    max_batch_size: int = 1
 
     @classmethod
     def from_engine(cls, info: EngineInfo) -> EngineLimits:
-        return cls(info.max_input_len, info.max_seq_len, info.max_beam_width)
+        return cls(info.max_input_len, info.max_seq_len, info.max_beam_width, info.max_batch_size)
 
 
 @dataclass(slots=True)
@@ -135,6 +143,25 @@ class Generator:
                 f"{limits.max_beam_width} (set at trtllm-build time)",
                 param="beam_width",
             )
+        sequences = params.num_return_sequences
+        if sequences > 1 and params.beam_width > 1:
+            raise RequestError(
+                "num_return_sequences > 1 needs beam_width 1 (each sequence is sampled on its own)",
+                param="num_return_sequences",
+            )
+        if sequences > 1 and self.route is Route.ENSEMBLE:
+            raise RequestError(
+                "the ensemble route returns one sequence per request: NVIDIA's ensemble does not "
+                "pass sequence_index to postprocessing, so the texts of several would mix (serve "
+                "with TRTLLM_ROUTE=direct or bls)",
+                param="num_return_sequences",
+            )
+        if sequences > limits.max_batch_size:
+            raise RequestError(
+                f"num_return_sequences {sequences} exceeds this engine's max_batch_size "
+                f"{limits.max_batch_size}: each sequence takes a batch slot",
+                param="num_return_sequences",
+            )
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if not prompt_ids:
             raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
@@ -186,7 +213,8 @@ class Generator:
         return adapter
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
-        """Text chunks as they become final; the last chunk carries the finish reason.
+        """Text chunks as they become final; each sequence's last chunk carries its finish
+        reason (chunks of several sequences interleave, told apart by `index`).
 
         One loop does the per-token work (decode, stop strings, metrics): every extra async
         generator layer on this path costs CPU per token.
@@ -197,45 +225,52 @@ class Generator:
             if self.metrics
             else None
         )
-        decode = (
-            _DirectDecoder(self.tokenizer, params.return_log_probs)
-            if self.route is Route.DIRECT
-            else _TextDecoder(self.tokenizer, params.return_log_probs)
-        )
-        stops = StopStringMatcher(params.stop)
-        generated = 0
-        stopped = False
+        sequences = [self._sequence(index, params) for index in range(params.num_return_sequences)]
+        several = len(sequences) > 1
+        running = len(sequences)
         failure: BaseException | None = None
         try:
             if not params.exclude_input_in_output:
-                yield GenerationChunk(text=request.prompt)
+                for sequence in sequences:
+                    yield GenerationChunk(text=request.prompt, index=sequence.index)
             async with aclosing(self._results(request)) as results:
                 async for result in results:
-                    text, token_ids, count, log_probs = decode(result)
-                    generated += count
+                    sequence = sequences[sequence_index(result)] if several else sequences[0]
+                    if sequence.stopped:
+                        continue  # cut at a stop string; the engine still runs its siblings
+                    text, token_ids, count, log_probs = sequence.decode(result)
+                    sequence.generated += count
                     if tracker is not None:
                         tracker.tokens(count)
+                    stops = sequence.stops
                     emit, stopped = stops.feed(text) if stops.active else (text, False)
                     if emit or count:
-                        yield GenerationChunk(emit, token_ids, log_probs, token_count=count)
+                        yield GenerationChunk(
+                            emit, token_ids, log_probs, token_count=count, index=sequence.index
+                        )
                     if stopped:
-                        break  # leaving the loop cancels the Triton request
-            if not stopped:
-                emit, stopped = stops.feed(decode.flush())
-                tail = "" if stopped else emit + stops.flush()
-            else:
-                tail = ""
-            hit_length = not stopped and generated >= params.max_tokens
-            reason = FinishReason.LENGTH if hit_length else FinishReason.STOP
+                        sequence.stopped = True
+                        running -= 1
+                        if not running:
+                            break  # leaving the loop cancels the Triton request
+            for sequence in sequences:
+                yield sequence.last_chunk(params.max_tokens)
             if tracker is not None:
-                tracker.finish = reason.value
-            yield GenerationChunk(tail, finish_reason=reason)
+                tracker.finish = sequences[0].finish_reason.value
         except BaseException as error:
             failure = error
             raise
         finally:
             if tracker is not None:
                 tracker.close(failure)
+
+    def _sequence(self, index: int, params: SamplingParams) -> _Sequence:
+        decoder = (
+            _DirectDecoder(self.tokenizer, params.return_log_probs)
+            if self.route is Route.DIRECT
+            else _TextDecoder(self.tokenizer, params.return_log_probs)
+        )
+        return _Sequence(index, decoder, StopStringMatcher(params.stop))
 
     def _results(self, request: PreparedRequest) -> AsyncIterator[InferResult]:
         """The Triton stream of a request (with the LoRA cache protocol when it names one)."""
@@ -300,29 +335,58 @@ class Generator:
         )
 
     async def collect(self, request: PreparedRequest) -> GenerationResult:
-        """The non-streaming answer: the same stream, gathered."""
-        texts: list[str] = []
-        log_probs: list[float] | None = [] if request.params.return_log_probs else None
-        log_prob_token_ids: list[int] | None = [] if log_probs is not None else None
-        completion_tokens = 0
-        finish_reason = FinishReason.STOP
+        """The non-streaming answer: the same stream, gathered per sequence."""
+        want_log_probs = request.params.return_log_probs
+        sequences = [
+            SequenceResult(
+                index,
+                log_probs=[] if want_log_probs else None,
+                log_prob_token_ids=[] if want_log_probs else None,
+            )
+            for index in range(request.params.num_return_sequences)
+        ]
+        texts: list[list[str]] = [[] for _ in sequences]
         async with aclosing(self.stream(request)) as chunks:
             async for chunk in chunks:
-                texts.append(chunk.text)
-                completion_tokens += chunk.token_count
-                if log_probs is not None and chunk.log_probs:
-                    log_probs.extend(chunk.log_probs)
-                    log_prob_token_ids.extend(chunk.token_ids)  # type: ignore[union-attr]
+                sequence = sequences[chunk.index]
+                texts[chunk.index].append(chunk.text)
+                sequence.completion_tokens += chunk.token_count
+                if sequence.log_probs is not None and chunk.log_probs:
+                    sequence.log_probs.extend(chunk.log_probs)
+                    sequence.log_prob_token_ids.extend(chunk.token_ids)  # type: ignore[union-attr]
                 if chunk.finish_reason is not None:
-                    finish_reason = chunk.finish_reason
-        return GenerationResult(
-            text="".join(texts),
-            prompt_tokens=len(request.prompt_ids),
-            completion_tokens=completion_tokens,
-            finish_reason=finish_reason,
-            log_probs=log_probs,
-            log_prob_token_ids=log_prob_token_ids,
-        )
+                    sequence.finish_reason = chunk.finish_reason
+        for sequence, text in zip(sequences, texts, strict=True):
+            sequence.text = "".join(text)
+        return GenerationResult(len(request.prompt_ids), sequences)
+
+
+class _Sequence:
+    """Per-sequence state of a stream: its decoder, stop strings and token count."""
+
+    __slots__ = ("index", "decode", "stops", "generated", "stopped", "finish_reason")
+
+    def __init__(
+        self, index: int, decode: _DirectDecoder | _TextDecoder, stops: StopStringMatcher
+    ) -> None:
+        self.index = index
+        self.decode = decode
+        self.stops = stops
+        self.generated = 0
+        self.stopped = False
+        self.finish_reason = FinishReason.STOP
+
+    def last_chunk(self, max_tokens: int) -> GenerationChunk:
+        """Text held back for a possible stop string, with the finish reason."""
+        tail = ""
+        if not self.stopped:
+            # The text before a stop string completed by the flushed bytes is still output.
+            tail, self.stopped = self.stops.feed(self.decode.flush())
+            if not self.stopped:
+                tail += self.stops.flush()
+        if not self.stopped and self.generated >= max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+        return GenerationChunk(tail, finish_reason=self.finish_reason, index=self.index)
 
 
 class _DirectDecoder:

@@ -17,6 +17,7 @@ MAX_STOP_WORDS = 16
 MAX_BAD_WORDS = 64
 MAX_WORD_CHARS = 256
 MAX_PROMPT_CHARS = 1_000_000
+MAX_RETURN_SEQUENCES = 64
 
 Word = Annotated[str, StringConstraints(min_length=1, max_length=MAX_WORD_CHARS)]
 
@@ -59,6 +60,13 @@ class SamplingParams(BaseModel):
     end_id: int | None = Field(None, ge=0, description="End token id (default: the tokenizer's).")
     pad_id: int | None = Field(None, ge=0, description="Pad token id (default: the tokenizer's).")
     beam_width: int = Field(1, ge=1, le=64, description="Beam search width (engine permitting).")
+    num_return_sequences: int = Field(
+        1,
+        ge=1,
+        le=MAX_RETURN_SEQUENCES,
+        description="Independent sequences to generate for the prompt (beam width 1; each takes "
+        "a batch slot of the engine). Sequence i samples with seed + i.",
+    )
     return_log_probs: bool = Field(False, description="Return per-token log probabilities.")
     exclude_input_in_output: bool = Field(
         True, description="When false, the returned text starts with the prompt."
@@ -88,6 +96,17 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class GeneratedSequence(BaseModel):
+    """One of several sequences generated for a prompt (num_return_sequences > 1)."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    log_probs: list[float] | None = None
+    cum_log_prob: float | None = None
+
+
 class GenerateResponse(BaseModel):
     """Output of the native non-streaming API."""
 
@@ -96,6 +115,11 @@ class GenerateResponse(BaseModel):
     usage: Usage
     log_probs: list[float] | None = None
     cum_log_prob: float | None = None
+    sequences: list[GeneratedSequence] | None = Field(
+        None,
+        description="Every sequence when num_return_sequences > 1 (then `text`, "
+        "`finish_reason` and `log_probs` are those of sequence 0, and usage counts all).",
+    )
 
 
 @dataclass(slots=True)
@@ -109,26 +133,59 @@ class GenerationChunk:
     # Tokens generated in this step. Equals len(token_ids) on the direct route; the text routes
     # count Triton responses (one per step) and their token_ids are the re-encoded text.
     token_count: int = 0
+    index: int = 0  # which sequence (num_return_sequences > 1)
+
+
+@dataclass(slots=True)
+class SequenceResult:
+    """One generated sequence, gathered."""
+
+    index: int = 0
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: FinishReason = FinishReason.STOP
+    log_probs: list[float] | None = None
+    log_prob_token_ids: list[int] | None = None  # the tokens behind log_probs
+
+    @property
+    def cum_log_prob(self) -> float | None:
+        return sum(self.log_probs) if self.log_probs is not None else None
 
 
 @dataclass(slots=True)
 class GenerationResult:
-    text: str
+    """Every sequence of a request (one unless num_return_sequences > 1), in index order."""
+
     prompt_tokens: int
-    completion_tokens: int
-    finish_reason: FinishReason
-    log_probs: list[float] | None = None
-    log_prob_token_ids: list[int] | None = None  # the tokens behind log_probs
+    sequences: list[SequenceResult]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(sequence.completion_tokens for sequence in self.sequences)
 
     def to_response(self) -> GenerateResponse:
+        first = self.sequences[0]
         return GenerateResponse(
-            text=self.text,
-            finish_reason=self.finish_reason,
+            text=first.text,
+            finish_reason=first.finish_reason,
             usage=Usage(
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
                 total_tokens=self.prompt_tokens + self.completion_tokens,
             ),
-            log_probs=self.log_probs,
-            cum_log_prob=sum(self.log_probs) if self.log_probs is not None else None,
+            log_probs=first.log_probs,
+            cum_log_prob=first.cum_log_prob,
+            sequences=[
+                GeneratedSequence(
+                    index=s.index,
+                    text=s.text,
+                    finish_reason=s.finish_reason,
+                    completion_tokens=s.completion_tokens,
+                    log_probs=s.log_probs,
+                    cum_log_prob=s.cum_log_prob,
+                )
+                for s in self.sequences
+            ]
+            if len(self.sequences) > 1
+            else None,
         )

@@ -68,6 +68,8 @@ def _sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str
     }
     if params.beam_width != 1:
         tensors["beam_width"] = _scalar(params.beam_width, np.int32)
+    if params.num_return_sequences != 1:  # only then: older engines lack this input
+        tensors["num_return_sequences"] = _scalar(params.num_return_sequences, np.int32)
     if params.return_log_probs:
         tensors["return_log_probs"] = _scalar(True, np.bool_)
     return tensors
@@ -107,6 +109,8 @@ def direct_outputs(params: SamplingParams) -> list[str]:
     names = ["output_ids", "sequence_length"]
     if params.return_log_probs:
         names.append("output_log_probs")
+    if params.num_return_sequences != 1:
+        names.append("sequence_index")
     return names
 
 
@@ -140,6 +144,8 @@ def text_outputs(params: SamplingParams) -> list[str]:
     names = ["text_output"]
     if params.return_log_probs:
         names.append("output_log_probs")
+    if params.num_return_sequences != 1:
+        names.append("sequence_index")
     return names
 
 
@@ -163,6 +169,16 @@ def new_token_ids(result: InferResult) -> list[int]:
         return []
     count = min(int.from_bytes(lengths[:4], "little", signed=True), beam_len)
     return memoryview(ids).cast("i")[:count].tolist()
+
+
+def sequence_index(result: InferResult) -> int:
+    """Which of the request's sequences a response belongs to (0 when not returned)."""
+    response = result.get_response()
+    for index, output in enumerate(response.outputs):
+        if output.name == "sequence_index":
+            raw = response.raw_output_contents[index]
+            return int.from_bytes(raw[:4], "little", signed=True) if raw else 0
+    return 0
 
 
 def response_text(result: InferResult) -> str:

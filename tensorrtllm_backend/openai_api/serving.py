@@ -7,6 +7,7 @@ answers both come from :meth:`Generator.stream`.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -16,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest, RequestError, new_request_id
-from ..schemas import FinishReason, GenerationResult, SamplingParams
+from ..schemas import MAX_RETURN_SEQUENCES, FinishReason, SamplingParams, SequenceResult
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -65,6 +66,7 @@ def _finish(reason: FinishReason | None) -> str | None:
 
 @dataclass(slots=True)
 class _Event:
+    index: int
     text: str
     finish_reason: str | None
     token_ids: list[int]
@@ -97,8 +99,10 @@ class OpenAIServing:
         )  # fmt: skip
 
     def _check_common(self, request: CompletionRequest | ChatCompletionRequest) -> None:
-        if request.n != 1:
-            raise OpenAIError("n > 1 is not supported: send n requests instead", param="n")
+        if request.n > MAX_RETURN_SEQUENCES:
+            raise OpenAIError(
+                f"n is at most {MAX_RETURN_SEQUENCES} here: send several requests", param="n"
+            )
 
     def _sampling(
         self, request: CompletionRequest | ChatCompletionRequest, want_log_probs: bool
@@ -111,10 +115,13 @@ class OpenAIServing:
             "frequency_penalty": request.frequency_penalty,
             "repetition_penalty": request.repetition_penalty,
             "min_tokens": request.min_tokens,
-            "seed": request.seed,
+            # OpenAI semantics: without a seed every request samples afresh (TensorRT-LLM's
+            # default seed is 0, which would give every unseeded request the same text).
+            "seed": request.seed if request.seed is not None else secrets.randbits(63),
             "stop": request.stop or [],
             "return_log_probs": want_log_probs,
             "ignore_eos": request.ignore_eos,
+            "num_return_sequences": request.n,
         }
         max_tokens = request.max_completion_tokens or request.max_tokens
         if max_tokens is not None:
@@ -194,42 +201,52 @@ class OpenAIServing:
             total_tokens=prompt + completion_tokens,
         )
 
-    async def _collect(self, prepared: PreparedRequest) -> tuple[GenerationResult, list[str]]:
-        """The non-streaming answer and the token strings behind its log probs."""
-        result = await self.generator.collect(prepared)
-        return result, self._token_strings(result.log_prob_token_ids or [])
+    def _sequence_tokens(self, sequence: SequenceResult) -> list[str]:
+        """The token strings behind a gathered sequence's log probs."""
+        return self._token_strings(sequence.log_prob_token_ids or [])
 
     async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
         want = prepared.params.return_log_probs
-        result, tokens = await self._collect(prepared)
-        logprobs = (
-            {"tokens": tokens, "token_logprobs": result.log_probs, "top_logprobs": None}
-            if want
-            else None
-        )
+        result = await self.generator.collect(prepared)
         return CompletionResponse(
             id=f"cmpl-{prepared.request_id}",
             model=self.model_name,
             choices=[
                 CompletionChoice(
-                    text=result.text, finish_reason=_finish(result.finish_reason), logprobs=logprobs
+                    index=sequence.index,
+                    text=sequence.text,
+                    finish_reason=_finish(sequence.finish_reason),
+                    logprobs={
+                        "tokens": self._sequence_tokens(sequence),
+                        "token_logprobs": sequence.log_probs,
+                        "top_logprobs": None,
+                    }
+                    if want
+                    else None,
                 )
+                for sequence in result.sequences
             ],
             usage=self._usage(prepared, result.completion_tokens),
         )
 
     async def chat(self, prepared: PreparedRequest) -> ChatCompletionResponse:
         want = prepared.params.return_log_probs
-        result, tokens = await self._collect(prepared)
+        result = await self.generator.collect(prepared)
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
             choices=[
                 ChatChoice(
-                    message=AssistantMessage(content=result.text),
-                    finish_reason=_finish(result.finish_reason),
-                    logprobs=self._chat_log_probs(tokens, result.log_probs) if want else None,
+                    index=sequence.index,
+                    message=AssistantMessage(content=sequence.text),
+                    finish_reason=_finish(sequence.finish_reason),
+                    logprobs=self._chat_log_probs(
+                        self._sequence_tokens(sequence), sequence.log_probs
+                    )
+                    if want
+                    else None,
                 )
+                for sequence in result.sequences
             ],
             usage=self._usage(prepared, result.completion_tokens),
         )
@@ -247,22 +264,22 @@ class OpenAIServing:
     async def _events(self, prepared: PreparedRequest) -> AsyncIterator[_Event]:
         """Chunks with text (or the finish reason), carrying the tokens behind that text.
 
-        Tokens whose text is still held back (a partial character) travel with the next text.
+        Tokens whose text is still held back (a partial character) travel with the next text
+        of their sequence.
         """
-        pending_ids: list[int] = []
-        pending_log_probs: list[float] = []
-        pending_count = 0
+        pending = [
+            _Event(i, "", None, [], [], 0) for i in range(prepared.params.num_return_sequences)
+        ]
         async with aclosing(self.generator.stream(prepared)) as chunks:
             async for chunk in chunks:
-                pending_ids += chunk.token_ids
-                pending_log_probs += chunk.log_probs or []
-                pending_count += chunk.token_count
+                event = pending[chunk.index]
+                event.token_ids += chunk.token_ids
+                event.log_probs += chunk.log_probs or []
+                event.token_count += chunk.token_count
                 if chunk.text or chunk.finish_reason is not None:
-                    yield _Event(
-                        chunk.text, _finish(chunk.finish_reason), pending_ids, pending_log_probs,
-                        pending_count,
-                    )  # fmt: skip
-                    pending_ids, pending_log_probs, pending_count = [], [], 0
+                    event.text, event.finish_reason = chunk.text, _finish(chunk.finish_reason)
+                    yield event
+                    pending[chunk.index] = _Event(chunk.index, "", None, [], [], 0)
 
     async def stream_completion(
         self, prepared: PreparedRequest, include_usage: bool
@@ -283,8 +300,9 @@ class OpenAIServing:
                     else None
                 )
                 yield events_out.choice(
+                    event.index,
                     f'"text":{_json(event.text)},"finish_reason":{_json(event.finish_reason)},'
-                    f'"logprobs":{_json(logprobs)}'
+                    f'"logprobs":{_json(logprobs)}',
                 )
         if include_usage:
             yield events_out.usage(self._usage(prepared, completion_tokens))
@@ -298,14 +316,15 @@ class OpenAIServing:
         )
         want = prepared.params.return_log_probs
         completion_tokens = 0
-        role_sent = False
+        role_sent: set[int] = set()
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
-                if not role_sent:  # only once Triton answered: earlier failures get a status
+                if event.index not in role_sent:  # once Triton answered: failures get a status
                     yield events_out.choice(
-                        '"delta":{"role":"assistant","content":""},"finish_reason":null'
+                        event.index,
+                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
                     )
-                    role_sent = True
+                    role_sent.add(event.index)
                 completion_tokens += event.token_count
                 logprobs = (
                     self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
@@ -313,8 +332,9 @@ class OpenAIServing:
                     else None
                 )
                 yield events_out.choice(
+                    event.index,
                     f'"delta":{{"content":{_json(event.text)}}},'
-                    f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}'
+                    f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}',
                 )
         if include_usage:
             yield events_out.usage(self._usage(prepared, completion_tokens))
@@ -335,8 +355,8 @@ class _ChunkEvents:
             f'"created":{created},"model":{_json(model)},"choices":['
         )
 
-    def choice(self, body: str) -> str:
-        return f'{self._head}{{"index":0,{body}}}]}}\n\n'
+    def choice(self, index: int, body: str) -> str:
+        return f'{self._head}{{"index":{index},{body}}}]}}\n\n'
 
     def usage(self, usage: Usage) -> str:
         return f'{self._head}],"usage":{usage.model_dump_json()}}}\n\n'

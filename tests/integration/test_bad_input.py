@@ -94,6 +94,19 @@ NATIVE_CASES = [
     *_native("bad-words-1000", {"prompt": "hi", "bad_words": ["w"] * 1000}, "bad_words"),
     *_native("beam-width-unsupported", {"prompt": "hi", "beam_width": 2}, "max_beam_width"),
     *_native("beam-width-zero", {"prompt": "hi", "beam_width": 0}, "beam_width"),
+    *_native("sequences-zero", {"prompt": "hi", "num_return_sequences": 0}, "num_return_seq"),
+    *_native("sequences-above-64", {"prompt": "hi", "num_return_sequences": 65}, "num_return_seq"),
+    *_native(
+        "sequences-with-beams",
+        {"prompt": "hi", "num_return_sequences": 2, "beam_width": 2},
+        "beam_width 1",
+    ),  # fmt: skip
+    Case(
+        "generate-sequences-streamed",
+        "/generate",
+        {"prompt": "hi", "num_return_sequences": 2},
+        "generate_text",
+    ),  # fmt: skip
     *_native("unknown-field", {"prompt": "hi", "temprature": 0.5}, "temprature"),
     *_native("log-probs-wrong-type", {"prompt": "hi", "return_log_probs": "maybe"}, "log_probs"),
     *_native("malformed-json", b'{"prompt": "hi"', "json"),
@@ -113,20 +126,32 @@ OPENAI_CASES = [
     *_openai("logprobs-above-5", {"logprobs": 10}, "logprobs", chat=False),
     *_openai("messages-missing", {"messages": _DROP}, "messages", chat=True),
     *_openai("messages-empty", {"messages": []}, "messages", chat=True),
-    *_openai("role-unknown", {"messages": [{"role": "wizard", "content": "x"}]}, "role",
-             chat=True),  # fmt: skip
-    *_openai("image-content",
-             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-             "not supported", chat=True),  # fmt: skip
-    *_openai("too-long-message", {"messages": [{"role": "user", "content": LONG_PROMPT}]},
-             "context_length_exceeded", chat=True),  # fmt: skip
+    *_openai(
+        "role-unknown", {"messages": [{"role": "wizard", "content": "x"}]}, "role", chat=True
+    ),  # fmt: skip
+    *_openai(
+        "image-content",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "not supported",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "too-long-message",
+        {"messages": [{"role": "user", "content": LONG_PROMPT}]},
+        "context_length_exceeded",
+        chat=True,
+    ),  # fmt: skip
     *_openai("top-logprobs", {"logprobs": True, "top_logprobs": 2}, "top_logprobs", chat=True),
     *_openai("max-tokens-zero", {"max_tokens": 0}, "max_tokens"),
     *_openai("max-tokens-negative", {"max_tokens": -1}, "max_tokens"),
     *_openai("max-tokens-beyond-engine", {"max_tokens": 100000}, "max_seq_len"),
     *_openai("max-completion-tokens-zero", {"max_completion_tokens": 0}, "max_completion"),
-    *_openai("temperature-nan", b'{"model": "trtllm-demo", "prompt": "hi", "temperature": NaN}',
-             "temperature", chat=False),  # fmt: skip
+    *_openai(
+        "temperature-nan",
+        b'{"model": "trtllm-demo", "prompt": "hi", "temperature": NaN}',
+        "temperature",
+        chat=False,
+    ),  # fmt: skip
     *_openai("temperature-negative", {"temperature": -0.5}, "temperature"),
     *_openai("temperature-above-2", {"temperature": 3}, "temperature"),
     *_openai("top-p-zero", {"top_p": 0}, "top_p"),
@@ -136,14 +161,18 @@ OPENAI_CASES = [
     *_openai("seed-negative", {"seed": -1}, "seed"),
     *_openai("stop-1000", {"stop": [f"w{i}" for i in range(1000)]}, "stop"),
     *_openai("stop-empty", {"stop": ""}, "stop"),
-    *_openai("n-two", {"n": 2}, "n > 1"),
+    *_openai("n-above-64", {"n": 65}, "n is at most"),
     *_openai("n-zero", {"n": 0}, "n"),
     *_openai("stream-options-wrong-type", {"stream_options": "yes"}, "stream_options"),
     *_openai("malformed-json", b'{"model": "trtllm-demo", "prompt": ', "not valid json"),
     *_openai("non-utf8", b'{"model": "trtllm-demo", "prompt": "\xff\xfe"}', "not valid json"),
     *_openai("not-an-object", b"[1, 2]", "object"),
-    *_openai("oversized-body", {"prompt": "x" * BIG, "messages": [{"role": "user", "content":
-             "x" * BIG}]}, "larger than", 413),  # fmt: skip
+    *_openai(
+        "oversized-body",
+        {"prompt": "x" * BIG, "messages": [{"role": "user", "content": "x" * BIG}]},
+        "larger than",
+        413,
+    ),  # fmt: skip
 ]
 
 CASES = NATIVE_CASES + OPENAI_CASES

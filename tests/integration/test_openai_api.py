@@ -167,6 +167,20 @@ def test_temperature_alone_samples(client: openai.OpenAI, model: str) -> None:
     )
 
 
+def test_unseeded_sampling_varies_between_requests(client: openai.OpenAI, model: str) -> None:
+    """OpenAI semantics: no seed means a fresh one per request (TensorRT-LLM's default seed 0
+    would repeat the same text for every unseeded request)."""
+    texts = {
+        client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=16, temperature=0.8, extra_body=NO_EOS
+        )
+        .choices[0]
+        .text
+        for _ in range(4)
+    }
+    assert len(texts) > 1, texts
+
+
 def test_raw_sse_stream_ends_with_done(demo_server: BentoServer, model: str) -> None:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 6, "stream": True, **NO_EOS}
     with httpx.stream(
@@ -276,11 +290,80 @@ def test_top_logprobs_is_400(client: openai.OpenAI, model: str) -> None:
         )
 
 
-def test_n_greater_than_one_is_400(client: openai.OpenAI, model: str) -> None:
-    with pytest.raises(openai.BadRequestError, match="n > 1"):
-        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, n=2)
-    with pytest.raises(openai.BadRequestError, match="n > 1"):
-        client.completions.create(model=model, prompt=PROMPT, max_tokens=2, n=2)
+def _sample(client: openai.OpenAI, model: str, seed: int) -> str:
+    return _openai_samples(client, model, [seed])[0]
+
+
+def test_completion_n_returns_one_sampled_choice_per_sequence(
+    client: openai.OpenAI, model: str
+) -> None:
+    """n=3 is one engine request with num_return_sequences=3; sequence i samples with seed + i,
+    so choice i equals a lone request with that seed."""
+    result = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=16, temperature=0.8, seed=1234, n=3,
+        logprobs=1, extra_body=NO_EOS,
+    )  # fmt: skip
+    assert [choice.index for choice in result.choices] == [0, 1, 2]
+    texts = [choice.text for choice in result.choices]
+    assert texts == [_sample(client, model, 1234 + i) for i in range(3)]
+    assert len(set(texts)) == 3, texts
+    assert all(choice.finish_reason == "length" for choice in result.choices)
+    assert all(len(choice.logprobs.token_logprobs) == 16 for choice in result.choices)
+    assert result.usage.completion_tokens == 3 * 16
+
+
+def test_streamed_n_interleaves_choices_that_equal_the_whole_answer(
+    client: openai.OpenAI, model: str
+) -> None:
+    fields: dict[str, Any] = dict(
+        model=model, prompt=PROMPT, max_tokens=16, temperature=0.8, seed=99, n=2,
+        extra_body=NO_EOS,
+    )  # fmt: skip
+    whole = client.completions.create(**fields)
+    texts: dict[int, str] = {0: "", 1: ""}
+    finishes: dict[int, str | None] = {}
+    usage = None
+    for chunk in client.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason is not None:
+                finishes[choice.index] = choice.finish_reason
+    assert [texts[0], texts[1]] == [choice.text for choice in whole.choices]
+    assert finishes == {0: "length", 1: "length"}
+    assert usage is not None and usage.completion_tokens == 32
+
+
+def test_chat_n_streams_a_role_then_content_per_choice(client: openai.OpenAI, model: str) -> None:
+    fields: dict[str, Any] = dict(
+        model=model, messages=MESSAGES, max_tokens=8, temperature=0.8, seed=5, n=2,
+        extra_body=NO_EOS,
+    )  # fmt: skip
+    whole = client.chat.completions.create(**fields)
+    assert [choice.index for choice in whole.choices] == [0, 1]
+    assert whole.usage.completion_tokens == 16
+    roles: dict[int, int] = {}
+    contents: dict[int, str] = {0: "", 1: ""}
+    for chunk in client.chat.completions.create(**fields, stream=True):
+        for choice in chunk.choices:
+            if choice.delta.role is not None:
+                assert contents[choice.index] == "", "the role comes before the content"
+                roles[choice.index] = roles.get(choice.index, 0) + 1
+            contents[choice.index] += choice.delta.content or ""
+    assert roles == {0: 1, 1: 1}
+    assert [contents[0], contents[1]] == [c.message.content for c in whole.choices]
+
+
+def test_greedy_n_gives_identical_choices(client: openai.OpenAI, model: str) -> None:
+    """As on TensorRT-LLM: without sampling, every sequence is the greedy one."""
+    result = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=12, temperature=0, n=2, extra_body=NO_EOS
+    )
+    assert result.choices[0].text == result.choices[1].text
+    assert result.choices[0].text == greedy_completion(client, model, 12).choices[0].text
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
@@ -327,6 +410,22 @@ def test_native_seed_reproducibility(demo_server: BentoServer) -> None:
     assert any(sample(seed) != first for seed in (8, 9, 10))
 
 
+def test_native_num_return_sequences(demo_server: BentoServer) -> None:
+    fields: dict[str, Any] = dict(
+        prompt=PROMPT, max_tokens=12, temperature=0.8, top_k=50, seed=21, ignore_eos=True,
+        return_log_probs=True,
+    )  # fmt: skip
+    result = native(demo_server, **fields, num_return_sequences=3)
+    sequences = result["sequences"]
+    assert [s["index"] for s in sequences] == [0, 1, 2]
+    lone = [native(demo_server, **{**fields, "seed": 21 + i})["text"] for i in range(3)]
+    assert [s["text"] for s in sequences] == lone
+    assert result["text"] == lone[0]
+    assert all(s["completion_tokens"] == 12 and len(s["log_probs"]) == 12 for s in sequences)
+    assert result["usage"]["completion_tokens"] == 36
+    assert "sequences" not in native(demo_server, **fields)
+
+
 def test_native_top_p_and_temperature_reach_the_engine(demo_server: BentoServer) -> None:
     base = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, "seed": 3}
     greedy = native(demo_server, **base, temperature=0.0)["text"]
@@ -361,7 +460,9 @@ def test_native_min_tokens_overrides_an_early_end(
     tokens = greedy_completion(client, model, 6).choices[0].logprobs.tokens
     single = [
         (position, ids)
-        for position, ids in enumerate(tokenizer.encode(t, add_special_tokens=False) for t in tokens)
+        for position, ids in enumerate(
+            tokenizer.encode(t, add_special_tokens=False) for t in tokens
+        )
         if len(ids) == 1
     ]
     if not single:

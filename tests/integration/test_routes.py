@@ -51,3 +51,16 @@ def test_text_routes_behave_like_direct(
     )
     assert completion.status_code == 200, completion.text
     assert json.loads(completion.text)["choices"][0]["text"] == expected
+
+    # Several sequences: the BLS demultiplexes them by sequence_index; the ensemble cannot (its
+    # postprocessing never sees sequence_index), so the service refuses instead of mixing texts.
+    sampled = {**body, "temperature": 0.8, "top_k": 50, "seed": 3, "ignore_eos": True}
+    several = {**sampled, "num_return_sequences": 2}
+    if route == "bls":
+        want = httpx.post(f"{direct.url}/generate_text", json=several, timeout=60).json()
+        got = httpx.post(f"{routed.url}/generate_text", json=several, timeout=60).json()
+        assert [s["text"] for s in got["sequences"]] == [s["text"] for s in want["sequences"]]
+        assert got["sequences"][0]["text"] != got["sequences"][1]["text"]
+    else:
+        refused = httpx.post(f"{routed.url}/generate_text", json=several, timeout=60)
+        assert refused.status_code == 400 and "sequence_index" in refused.text

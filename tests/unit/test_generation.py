@@ -1,0 +1,97 @@
+"""Generator.prepare (engine limits) and the Triton tensors a prepared request becomes.
+
+prepare() never talks to Triton, so the client points at a closed port; the tokenizer is the demo
+model's, trained locally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from tensorrtllm_backend.client import TritonLLMClient
+from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.generation import EngineLimits, Generator, RequestError, Route
+from tensorrtllm_backend.schemas import (
+    FinishReason,
+    GenerationResult,
+    SamplingParams,
+    SequenceResult,
+)
+from tensorrtllm_backend.translation import direct_outputs, text_outputs
+
+LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+
+
+@pytest.fixture(params=[Route.DIRECT, Route.BLS])
+async def generator(request: pytest.FixtureRequest, tokenizer) -> Generator:
+    client = TritonLLMClient("127.0.0.1:1")
+    generator = Generator(client, tokenizer, LIMITS, route=request.param)
+    yield generator
+    await client.close()
+
+
+def test_sequences_beyond_the_batch_size_are_refused(generator: Generator) -> None:
+    with pytest.raises(RequestError, match="max_batch_size 4") as caught:
+        generator.prepare("Once upon", SamplingParams(num_return_sequences=5))
+    assert caught.value.param == "num_return_sequences" and caught.value.status == 400
+
+
+def test_ensemble_route_refuses_several_sequences(tokenizer) -> None:
+    generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=Route.ENSEMBLE)
+    with pytest.raises(RequestError, match="sequence_index"):
+        generator.prepare("Once upon", SamplingParams(num_return_sequences=2))
+    assert generator.prepare("Once upon", SamplingParams()).params.num_return_sequences == 1
+
+
+def test_sequences_with_beam_search_are_refused(tokenizer) -> None:
+    limits = EngineLimits(64, 512, max_beam_width=4, max_batch_size=8)
+    generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, limits)
+    with pytest.raises(RequestError, match="beam_width 1"):
+        generator.prepare("Once upon", SamplingParams(num_return_sequences=2, beam_width=2))
+
+
+def test_several_sequences_ask_for_their_index(generator: Generator) -> None:
+    prepared = generator.prepare(
+        "Once upon", SamplingParams(num_return_sequences=3, temperature=0.8, seed=7)
+    )
+    tensors, outputs = generator._triton_inputs(prepared, send_lora_weights=False)
+    assert tensors["num_return_sequences"].tolist() == [[3]]
+    assert tensors["num_return_sequences"].dtype == np.int32
+    assert "sequence_index" in outputs
+
+
+def test_one_sequence_sends_no_extra_tensor(generator: Generator) -> None:
+    """Older engines have no num_return_sequences input: it is sent only when asked for."""
+    prepared = generator.prepare("Once upon", SamplingParams())
+    tensors, outputs = generator._triton_inputs(prepared, send_lora_weights=False)
+    assert "num_return_sequences" not in tensors
+    assert "sequence_index" not in outputs
+    params = SamplingParams()
+    assert "sequence_index" not in direct_outputs(params) + text_outputs(params)
+
+
+def test_result_response_lists_sequences_only_when_several() -> None:
+    one = GenerationResult(3, [SequenceResult(0, "a", 2, FinishReason.LENGTH)])
+    assert one.to_response().sequences is None
+    several = GenerationResult(
+        3,
+        [
+            SequenceResult(0, "a", 2, FinishReason.LENGTH, [-0.5, -0.25], [5, 6]),
+            SequenceResult(1, "b", 1, FinishReason.STOP, [-1.0], [7]),
+        ],
+    )
+    response = several.to_response()
+    assert response.text == "a" and response.finish_reason is FinishReason.LENGTH
+    assert response.usage.completion_tokens == 3 and response.usage.total_tokens == 6
+    assert response.cum_log_prob == -0.75
+    assert [s.text for s in response.sequences or []] == ["a", "b"]
+    assert [s.cum_log_prob for s in response.sequences or []] == [-0.75, -1.0]
