@@ -259,7 +259,9 @@ def print_table(rows: list[tuple[str, str]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="an already running service (default: start one)")
-    parser.add_argument("--model", help="model-store tag of the synthetic model (default: pack one)")
+    parser.add_argument(
+        "--model", help="model-store tag of the synthetic model (default: pack one)"
+    )
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--total", type=int, default=10_000)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -287,8 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             tally = asyncio.run(
                 asyncio.wait_for(
-                    run_load(url, predictor, args.total, args.concurrency, args.max_tokens,
-                             args.request_timeout, not args.no_keepalive),  # fmt: skip
+                    run_load(
+                        url,
+                        predictor,
+                        args.total,
+                        args.concurrency,
+                        args.max_tokens,
+                        args.request_timeout,
+                        not args.no_keepalive,
+                    ),  # fmt: skip
                     args.deadline,
                 )
             )

@@ -5,4 +5,5 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 ./scripts/bootstrap.sh
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest "$@"

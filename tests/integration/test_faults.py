@@ -135,6 +135,7 @@ def test_client_disconnect_stops_the_engine(slow_metrics_server) -> None:
                 received += 1
                 if received >= 3:
                     break
+
         # closing the response drops the connection: the engine must stop generating for it
         def cancelled(before: dict[str, float] = before) -> bool:
             now = engine_metrics(metrics_port)

@@ -102,10 +102,13 @@ def test_generation_metrics_move_by_what_was_served(demo_server: BentoServer) ->
             assert delta(before, after, name, api=api) == requests, (api, histogram)
             assert delta(before, after, f"trtllm_{histogram}_seconds_sum", api=api) > 0
         # one inter-token latency per token after each request's first
-        assert delta(
-            before, after, "trtllm_inter_token_latency_seconds_count", api=api
-        ) == tokens - requests, api
-    errors = total(after, "trtllm_request_errors_total") - total(before, "trtllm_request_errors_total")
+        assert (
+            delta(before, after, "trtllm_inter_token_latency_seconds_count", api=api)
+            == tokens - requests
+        ), api
+    errors = total(after, "trtllm_request_errors_total") - total(
+        before, "trtllm_request_errors_total"
+    )
     assert errors == 0
 
 
@@ -122,6 +125,7 @@ def test_rejected_requests_are_counted_as_errors(demo_server: BentoServer) -> No
     )  # fmt: skip
     assert bad_native.status_code == bad_openai.status_code == 400
     after = scrape(demo_server)
-    assert total(after, "trtllm_request_errors_total") - total(
-        before, "trtllm_request_errors_total"
-    ) == 2, "rejected requests are not counted in trtllm_request_errors_total"
+    assert (
+        total(after, "trtllm_request_errors_total") - total(before, "trtllm_request_errors_total")
+        == 2
+    ), "rejected requests are not counted in trtllm_request_errors_total"

@@ -115,9 +115,7 @@ def test_clients_send_the_key(secured: BentoServer) -> None:
 
 def test_request_ids_are_unguessable(secured: BentoServer) -> None:
     api = openai.OpenAI(base_url=f"{secured.url}/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
-    ids = [
-        api.completions.create(model=MODEL, prompt="hi", max_tokens=1).id for _ in range(4)
-    ]
+    ids = [api.completions.create(model=MODEL, prompt="hi", max_tokens=1).id for _ in range(4)]
     assert len(set(ids)) == len(ids)
     for request_id in ids:
         hex_part = request_id.split("-", 1)[1]
