@@ -266,6 +266,7 @@ class OpenAICompletions:
         body = {
             "model": self.model, "prompt": prompt.text, "max_tokens": self.max_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+            "seed": 0,  # the engine's default: without it the OpenAI API draws a random seed
         }  # fmt: skip
         record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
         parts: list[str] = []
