@@ -558,6 +558,19 @@ async def test_return_sequences_errors(client):
     assert sorted(by_sequence(responses)) == [0, 1, 2, 3]
 
 
+async def assert_all_sequences_cancelled(triton, cancelled_before: float, count: int) -> None:
+    """Every sequence of the request was cancelled, and none is left generating."""
+    cancelled = await wait_metric(
+        triton,
+        "trtllm_cpu_engine_cancelled_requests_total",
+        MULTI,
+        lambda v: v >= cancelled_before + count,
+    )
+    assert cancelled == cancelled_before + count
+    active = await wait_metric(triton, "trtllm_cpu_engine_active_requests", MULTI, lambda v: v == 0)
+    assert active == 0
+
+
 async def test_return_sequences_stop_cancels_all(client, triton):
     await asyncio.sleep(0.3)
     cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", MULTI)
@@ -579,16 +592,7 @@ async def test_return_sequences_stop_cancels_all(client, triton):
     tokens = by_sequence(responses)
     assert sorted(tokens) == [0, 1, 2]
     assert all(0 < len(t) < 1000 for t in tokens.values())
-    cancelled = await wait_metric(
-        triton,
-        "trtllm_cpu_engine_cancelled_requests_total",
-        MULTI,
-        lambda v: v >= cancelled_before + 3,
-    )
-    assert cancelled == cancelled_before + 3
-    assert (
-        await wait_metric(triton, "trtllm_cpu_engine_active_requests", MULTI, lambda v: v == 0) == 0
-    )
+    await assert_all_sequences_cancelled(triton, cancelled_before, 3)
 
 
 async def test_return_sequences_client_cancel_drops_all(client, triton):
@@ -610,16 +614,7 @@ async def test_return_sequences_client_cancel_drops_all(client, triton):
         if len(seen) == 3:
             break
     iterator.cancel()
-    cancelled = await wait_metric(
-        triton,
-        "trtllm_cpu_engine_cancelled_requests_total",
-        MULTI,
-        lambda v: v >= cancelled_before + 3,
-    )
-    assert cancelled == cancelled_before + 3
-    assert (
-        await wait_metric(triton, "trtllm_cpu_engine_active_requests", MULTI, lambda v: v == 0) == 0
-    )
+    await assert_all_sequences_cancelled(triton, cancelled_before, 3)
 
 
 def test_stub_that_outlives_tritonserver_is_killed(engine_dirs, tmp_path):

@@ -6,6 +6,9 @@ import threading
 
 from tensorrtllm_backend.cpu_engine.request import FinishReason, GenRequest
 
+VOCAB = 2048  # the synthetic backend's vocabulary in these tests
+EOS = 2
+
 
 class RecordingSink:
     """Collects what the scheduler sends for one request; `cancelled` simulates a client leaving."""

@@ -6,35 +6,15 @@ from __future__ import annotations
 import time
 
 import pytest
-from cpu_engine_helpers import make_request
+from cpu_engine_helpers import EOS, VOCAB, make_request
 
 from tensorrtllm_backend.cpu_engine.request import FinishReason, parse_word_list
-from tensorrtllm_backend.cpu_engine.scheduler import Scheduler
 from tensorrtllm_backend.cpu_engine.synthetic import (
     FIRST_ID,
-    SyntheticBackend,
     predict_tokens,
 )
 
-VOCAB = 2048
-EOS = 2
 PROMPT = [5, 17, 300, 42]
-
-
-@pytest.fixture
-def make_scheduler():
-    started: list[Scheduler] = []
-
-    def factory(max_batch_size: int = 64, **backend_kwargs) -> Scheduler:
-        backend = SyntheticBackend(vocab_size=VOCAB, eos_token_id=EOS, **backend_kwargs)
-        scheduler = Scheduler(backend, max_batch_size)
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield factory
-    for scheduler in started:
-        scheduler.stop()
 
 
 def wait_all(*sinks, timeout: float = 5.0) -> None:

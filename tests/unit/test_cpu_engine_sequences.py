@@ -4,33 +4,13 @@ drops all N. Sampling with real logits is covered in test_cpu_engine_hf.py."""
 
 from __future__ import annotations
 
-import pytest
-from cpu_engine_helpers import make_sequences
+from cpu_engine_helpers import EOS, VOCAB, make_sequences
 
 from tensorrtllm_backend.cpu_engine.request import FinishReason, SamplingParams
-from tensorrtllm_backend.cpu_engine.scheduler import Scheduler
-from tensorrtllm_backend.cpu_engine.synthetic import SyntheticBackend, predict_tokens
+from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.cpu_engine.triton_io import split_sequences
 
-VOCAB = 2048
-EOS = 2
 PROMPT = [5, 17, 300, 42]
-
-
-@pytest.fixture
-def make_scheduler():
-    started: list[Scheduler] = []
-
-    def factory(max_batch_size: int = 64, **backend_kwargs) -> Scheduler:
-        backend = SyntheticBackend(vocab_size=VOCAB, eos_token_id=EOS, **backend_kwargs)
-        scheduler = Scheduler(backend, max_batch_size)
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield factory
-    for scheduler in started:
-        scheduler.stop()
 
 
 def test_split_gives_sequence_indexes_and_consecutive_seeds():
