@@ -209,10 +209,9 @@ async def measure_http(
 
 
 async def openai_model_name(url: str) -> str:
-    async with http_client(1) as client:
-        response = await client.get(f"{url}/v1/models")
+    async with http_client(1) as client, client.get(f"{url}/v1/models") as response:
         response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
+        return str((await response.json())["data"][0]["id"])
 
 
 def run_local(run: Run, procs: Processes) -> None:

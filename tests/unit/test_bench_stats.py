@@ -150,3 +150,15 @@ async def test_run_load_keeps_concurrency_and_runs_n_requests() -> None:
     records, wall = await run_load(fake, prompts, n=9, concurrency=3)
     assert len(records) == 9 and peak == 3 and wall > 0
     assert sorted(r.tokens for r in records) == [1] * 5 + [2] * 4
+
+
+async def test_sse_events_are_split_from_raw_bytes_across_chunks() -> None:
+    from benchmarks.bench_clients import _sse_events
+
+    chunks = [b'data: {"a": 1}\n\nda', b'ta: {"b": 2}\r', b"\n\r\n: comment\n\n", b"data: [DONE]"]
+
+    async def body():
+        for chunk in chunks:
+            yield chunk
+
+    assert [event async for event in _sse_events(body())] == ['{"a": 1}', '{"b": 2}', "[DONE]"]
