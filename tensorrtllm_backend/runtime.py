@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
-from .generation import EngineLimits, Generator, Route
+from .generation import ROUTE_MODELS, EngineLimits, Generator, Route
 from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
@@ -99,6 +99,7 @@ class LLMRuntime:
                 world_size=self.engine.world_size,
                 startup_timeout_s=settings.startup_timeout_s,
                 log_dir=self._run_dir / "logs",
+                models=self._models_to_load(),
             )
         )
         await asyncio.to_thread(self.supervisor.start)
@@ -118,6 +119,14 @@ class LLMRuntime:
             self.supervisor.grpc_url,
             self.route.value,
         )
+
+    def _models_to_load(self) -> tuple[str, ...]:
+        """The direct route talks to tensorrt_llm alone: the ensemble's Python models would each
+        start a stub and load the tokenizer for nothing (seconds of start-up, ~300 MB apiece).
+        The text routes load the whole repository, whose BLS may call models of its own."""
+        if self.route is Route.DIRECT:
+            return (ROUTE_MODELS[Route.DIRECT],)
+        return ()
 
     async def is_ready(self) -> bool:
         if self.supervisor is None or self._generator is None:

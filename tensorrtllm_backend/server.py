@@ -87,6 +87,8 @@ class TritonServerConfig:
     extra_args: Sequence[str] = ()
     python_paths: Sequence[str] | None = None
     log_dir: Path | None = None
+    # Load only these models (explicit model control); empty: every model in the repository.
+    models: Sequence[str] = ()
 
 
 def find_free_port() -> int:
@@ -181,6 +183,12 @@ def find_tritonserver(cache_root: Path | None = None) -> TritonInstallation:
     )
 
 
+def _model_control_args(models: Sequence[str]) -> list[str]:
+    if not models:
+        return []
+    return ["--model-control-mode=explicit", *(f"--load-model={name}" for name in models)]
+
+
 def build_command(
     installation: TritonInstallation, config: TritonServerConfig, ports: TritonPorts
 ) -> list[str]:
@@ -209,6 +217,7 @@ def build_command(
                 f"--metrics-address={LOOPBACK}",
                 f"--metrics-port={ports.metrics}",
                 f"--log-verbose={config.log_verbose}",
+                *_model_control_args(config.models),
                 *config.extra_args,
             ]
         else:

@@ -372,6 +372,17 @@ def test_build_command_single_rank(tmp_path: Path) -> None:
     assert "mpirun" not in argv and ":" not in argv
 
 
+def test_build_command_loads_only_the_listed_models(tmp_path: Path) -> None:
+    installation = TritonInstallation(Path("/opt/tritonserver/bin/tritonserver"))
+    everything = build_command(
+        installation, TritonServerConfig(model_repository=tmp_path), TritonPorts(1, 2, 3)
+    )
+    assert not [a for a in everything if a.startswith(("--model-control-mode", "--load-model"))]
+    config = TritonServerConfig(model_repository=tmp_path, models=("tensorrt_llm",))
+    argv = build_command(installation, config, TritonPorts(1, 2, 3))
+    assert "--model-control-mode=explicit" in argv and "--load-model=tensorrt_llm" in argv
+
+
 def test_build_command_two_ranks_uses_mpirun(tmp_path: Path) -> None:
     installation = TritonInstallation(Path("/opt/tritonserver/bin/tritonserver"))
     config = TritonServerConfig(model_repository=tmp_path, world_size=2)

@@ -332,3 +332,12 @@ def test_idle_keep_alive_connection_outlives_common_client_expiry(
         assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
         time.sleep(6)
         assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
+
+
+def test_direct_route_starts_only_the_engine_model(demo_server: BentoServer) -> None:
+    """The direct route never calls the ensemble's Python models, so Triton does not load them:
+    one python stub (the CPU engine in the tensorrt_llm slot), not five."""
+    stubs = [
+        " ".join(p.cmdline()) for p in demo_server.tritons() if "backend_stub" in p.cmdline()[0]
+    ]
+    assert len(stubs) == 1 and "/tensorrt_llm" in stubs[0], stubs
