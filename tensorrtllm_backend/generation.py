@@ -249,7 +249,6 @@ class Generator:
                             emit, token_ids, log_probs, token_count=count, index=sequence.index
                         )
                     if stopped:
-                        sequence.stopped = True
                         running -= 1
                         if not running:
                             break  # leaving the loop cancels the Triton request
@@ -364,7 +363,7 @@ class Generator:
 class _Sequence:
     """Per-sequence state of a stream: its decoder, stop strings and token count."""
 
-    __slots__ = ("index", "decode", "stops", "generated", "stopped", "finish_reason")
+    __slots__ = ("index", "decode", "stops", "generated", "finish_reason")
 
     def __init__(
         self, index: int, decode: _DirectDecoder | _TextDecoder, stops: StopStringMatcher
@@ -373,16 +372,20 @@ class _Sequence:
         self.decode = decode
         self.stops = stops
         self.generated = 0
-        self.stopped = False
         self.finish_reason = FinishReason.STOP
+
+    @property
+    def stopped(self) -> bool:
+        """Cut at a stop string (the matcher suppresses everything after it)."""
+        return self.stops.stopped
 
     def last_chunk(self, max_tokens: int) -> GenerationChunk:
         """Text held back for a possible stop string, with the finish reason."""
         tail = ""
         if not self.stopped:
             # The text before a stop string completed by the flushed bytes is still output.
-            tail, self.stopped = self.stops.feed(self.decode.flush())
-            if not self.stopped:
+            tail, stopped = self.stops.feed(self.decode.flush())
+            if not stopped:
                 tail += self.stops.flush()
         if not self.stopped and self.generated >= max_tokens:
             self.finish_reason = FinishReason.LENGTH

@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -222,8 +222,7 @@ def build_command(
             ]
         else:
             args += [
-                "--model-control-mode=explicit",
-                f"--load-model={config.tensorrt_llm_model_name}",
+                *_model_control_args([config.tensorrt_llm_model_name]),
                 "--allow-http=false",
                 "--allow-grpc=false",
                 "--allow-metrics=false",
@@ -451,7 +450,7 @@ class TritonSupervisor:
         )
         attempts = 1 if pinned else 3
         if pinned and self._ports is None:
-            busy = [port for port in self._choose_ports().__dict__.values() if not _port_free(port)]
+            busy = [port for port in astuple(self._choose_ports()) if not _port_free(port)]
             if busy:  # fail now, not after Triton has spent its start-up loading models
                 raise TritonStartupError(
                     f"loopback port(s) {busy} already in use: free them or change "

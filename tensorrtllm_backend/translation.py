@@ -105,13 +105,18 @@ def direct_tensors(
     return tensors
 
 
-def direct_outputs(params: SamplingParams) -> list[str]:
-    names = ["output_ids", "sequence_length"]
+def _optional_outputs(params: SamplingParams) -> list[str]:
+    """Outputs both routes request only when the request needs them."""
+    names = []
     if params.return_log_probs:
         names.append("output_log_probs")
     if params.num_return_sequences != 1:
         names.append("sequence_index")
     return names
+
+
+def direct_outputs(params: SamplingParams) -> list[str]:
+    return ["output_ids", "sequence_length", *_optional_outputs(params)]
 
 
 def text_tensors(
@@ -141,12 +146,7 @@ def text_tensors(
 
 
 def text_outputs(params: SamplingParams) -> list[str]:
-    names = ["text_output"]
-    if params.return_log_probs:
-        names.append("output_log_probs")
-    if params.num_return_sequences != 1:
-        names.append("sequence_index")
-    return names
+    return ["text_output", *_optional_outputs(params)]
 
 
 def new_token_ids(result: InferResult) -> list[int]:

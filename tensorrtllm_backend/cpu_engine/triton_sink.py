@@ -27,13 +27,13 @@ _PERF_OUTPUTS = (
     "first_token_time_ns",
     "last_token_time_ns",
 )
-_ROW_LEN = {n: np.array([[n]], dtype=np.int32) for n in (0, 1)}  # streaming: reuse, never mutated
-# batch_index / sequence_index values [[i]] for the per-token path: reused, never mutated.
-_INDEX = tuple(np.array([[i]], dtype=np.int32) for i in range(64))
+# [[i]] int32 tensors of the per-token path (sequence_length, batch_index, sequence_index):
+# built once and reused, never mutated.
+_CELLS = tuple(np.array([[i]], dtype=np.int32) for i in range(64))
 
 
-def _index(i: int) -> np.ndarray:
-    return _INDEX[i] if i < 64 else np.array([[i]], dtype=np.int32)
+def _cell(i: int) -> np.ndarray:
+    return _CELLS[i] if 0 <= i < len(_CELLS) else np.array([[i]], dtype=np.int32)
 
 
 def _ns(req: GenRequest) -> tuple[int, int, int, int]:
@@ -94,11 +94,11 @@ class ResponseGroup:
         n = len(tokens)
         tensors = [
             pb.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, n)),
-            pb.Tensor("sequence_length", _ROW_LEN[n] if n < 2 else np.array([[n]], np.int32)),
+            pb.Tensor("sequence_length", _cell(n)),
         ]
         if self._want_indices:
-            tensors.append(pb.Tensor("batch_index", _index(req.batch_index)))
-            tensors.append(pb.Tensor("sequence_index", _index(req.sequence_index)))
+            tensors.append(pb.Tensor("batch_index", _cell(req.batch_index)))
+            tensors.append(pb.Tensor("sequence_index", _cell(req.sequence_index)))
         if logprobs is not None:
             tensors.append(
                 pb.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, n))

@@ -73,6 +73,11 @@ class _Event:
     log_probs: list[float]
     token_count: int
 
+    @classmethod
+    def empty(cls, index: int) -> _Event:
+        """Nothing gathered yet for sequence `index`."""
+        return cls(index, "", None, [], [], 0)
+
 
 class OpenAIServing:
     """Validates OpenAI requests against the served model and runs them on the generator."""
@@ -216,11 +221,9 @@ class OpenAIServing:
                     index=sequence.index,
                     text=sequence.text,
                     finish_reason=_finish(sequence.finish_reason),
-                    logprobs={
-                        "tokens": self._sequence_tokens(sequence),
-                        "token_logprobs": sequence.log_probs,
-                        "top_logprobs": None,
-                    }
+                    logprobs=self._completion_log_probs(
+                        self._sequence_tokens(sequence), sequence.log_probs
+                    )
                     if want
                     else None,
                 )
@@ -252,6 +255,10 @@ class OpenAIServing:
         )
 
     @staticmethod
+    def _completion_log_probs(tokens: list[str], log_probs: list[float] | None) -> dict[str, Any]:
+        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": None}
+
+    @staticmethod
     def _chat_log_probs(tokens: list[str] | None, log_probs: list[float] | None) -> dict[str, Any]:
         pairs = zip(tokens or [], log_probs or [], strict=False)
         return {
@@ -267,9 +274,7 @@ class OpenAIServing:
         Tokens whose text is still held back (a partial character) travel with the next text
         of their sequence.
         """
-        pending = [
-            _Event(i, "", None, [], [], 0) for i in range(prepared.params.num_return_sequences)
-        ]
+        pending = [_Event.empty(i) for i in range(prepared.params.num_return_sequences)]
         async with aclosing(self.generator.stream(prepared)) as chunks:
             async for chunk in chunks:
                 event = pending[chunk.index]
@@ -279,7 +284,7 @@ class OpenAIServing:
                 if chunk.text or chunk.finish_reason is not None:
                     event.text, event.finish_reason = chunk.text, _finish(chunk.finish_reason)
                     yield event
-                    pending[chunk.index] = _Event(chunk.index, "", None, [], [], 0)
+                    pending[chunk.index] = _Event.empty(chunk.index)
 
     async def stream_completion(
         self, prepared: PreparedRequest, include_usage: bool
@@ -291,11 +296,9 @@ class OpenAIServing:
             async for event in events:
                 completion_tokens += event.token_count
                 logprobs = (
-                    {
-                        "tokens": self._token_strings(event.token_ids),
-                        "token_logprobs": event.log_probs,
-                        "top_logprobs": None,
-                    }
+                    self._completion_log_probs(
+                        self._token_strings(event.token_ids), event.log_probs
+                    )
                     if want and event.token_ids
                     else None
                 )
