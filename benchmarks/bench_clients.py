@@ -22,6 +22,8 @@ import aiohttp
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
+from tensorrtllm_backend.client import make_inputs
+
 from .bench_stats import RequestRecord
 
 NO_END_ID = -1  # never stop on an end token: every request yields exactly max_tokens
@@ -100,20 +102,16 @@ class GrpcDirect:
         await self.client.close()
 
     def _inputs(self, ids: Sequence[int]) -> list[grpcclient.InferInput]:
-        tensors = {
-            "input_ids": (np.array([ids], dtype=np.int32), "INT32"),
-            "input_lengths": (np.array([[len(ids)]], dtype=np.int32), "INT32"),
-            "request_output_len": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
-            "end_id": (np.array([[NO_END_ID]], dtype=np.int32), "INT32"),
-            "pad_id": (np.array([[self.pad_id]], dtype=np.int32), "INT32"),
-            "streaming": (np.array([[True]], dtype=np.bool_), "BOOL"),
-        }
-        inputs = []
-        for name, (array, dtype) in tensors.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        return inputs
+        return make_inputs(
+            {
+                "input_ids": np.array([ids], dtype=np.int32),
+                "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+                "request_output_len": np.array([[self.max_tokens]], dtype=np.int32),
+                "end_id": np.array([[NO_END_ID]], dtype=np.int32),
+                "pad_id": np.array([[self.pad_id]], dtype=np.int32),
+                "streaming": np.array([[True]], dtype=np.bool_),
+            }
+        )
 
     async def __call__(self, prompt: PromptCase) -> RequestRecord:
         self._count += 1

@@ -230,6 +230,11 @@ def _find(summaries: Sequence[TargetSummary], cell: str, target: str) -> TargetS
     return next((s for s in summaries if s.cell == cell and s.target == target), None)
 
 
+def _ratio_goal(name: str, cell: str, ratio: float | None, minimum: float, digits: int) -> Goal:
+    """A goal met when a throughput ratio reaches `minimum`."""
+    return Goal(name, cell, ratio is not None and ratio >= minimum, f"{_num(ratio, digits)}x")
+
+
 def check_goals(
     summaries: Sequence[TargetSummary], native: str, openai: str, high_itl_cell: str, zero_cell: str
 ) -> list[Goal]:
@@ -238,14 +243,14 @@ def check_goals(
     direct = _find(summaries, high_itl_cell, REFERENCE_TARGET)
     nat = _find(summaries, high_itl_cell, native)
     if direct and nat:
-        ratio = _ratio(nat.tokens_per_s, direct.tokens_per_s)
         goals.append(
-            Goal(
+            _ratio_goal(
                 "native tok/s >= 0.97x direct",
                 high_itl_cell,
-                ratio is not None and ratio >= 0.97,
-                f"{_num(ratio, 3)}x",
-            )  # fmt: skip
+                _ratio(nat.tokens_per_s, direct.tokens_per_s),
+                0.97,
+                3,
+            )
         )
         delta = nat.ratios.get("ttft_p50_delta_ms")
         goals.append(
@@ -272,27 +277,27 @@ def check_goals(
             )  # fmt: skip
         )
     if nat0 and base0:
-        ratio = _ratio(nat0.tokens_per_s, base0.tokens_per_s)
         goals.append(
-            Goal(
+            _ratio_goal(
                 "native tok/s >= 2x baseline",
                 zero_cell,
-                ratio is not None and ratio >= 2.0,
-                f"{_num(ratio, 2)}x",
-            )  # fmt: skip
+                _ratio(nat0.tokens_per_s, base0.tokens_per_s),
+                2.0,
+                2,
+            )
         )
     for cell in (zero_cell, high_itl_cell):
         nat_c = _find(summaries, cell, native)
         oai = _find(summaries, cell, openai)
         if nat_c and oai:
-            ratio = _ratio(oai.tokens_per_s, nat_c.tokens_per_s)
             goals.append(
-                Goal(
+                _ratio_goal(
                     "OpenAI tok/s within 10% of native",
                     cell,
-                    ratio is not None and ratio >= 0.9,
-                    f"{_num(ratio, 3)}x",
-                )  # fmt: skip
+                    _ratio(oai.tokens_per_s, nat_c.tokens_per_s),
+                    0.9,
+                    3,
+                )
             )
     return goals
 

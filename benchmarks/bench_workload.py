@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
+from tensorrtllm_backend.client import make_inputs
 from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.tokenization import decode, load_tokenizer
 
@@ -66,17 +67,14 @@ def build_prompts(model_root: Path, max_tokens: int, count: int = 8) -> list[Pro
 async def _reference_text(
     client: grpcclient.InferenceServerClient, model: str, prompt: str, max_tokens: int
 ) -> str:
-    tensors = {
-        "text_input": (np.array([[prompt.encode()]], dtype=np.object_), "BYTES"),
-        "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
-        "stream": (np.array([[True]], dtype=np.bool_), "BOOL"),
-        "end_id": (np.array([[NO_END_ID]], dtype=np.int32), "INT32"),
-    }
-    inputs = []
-    for name, (array, dtype) in tensors.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = make_inputs(
+        {
+            "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+            "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+            "stream": np.array([[True]], dtype=np.bool_),
+            "end_id": np.array([[NO_END_ID]], dtype=np.int32),
+        }
+    )
 
     async def one() -> AsyncIterator[dict[str, object]]:
         yield {"model_name": model, "inputs": inputs,

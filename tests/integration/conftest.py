@@ -172,20 +172,27 @@ def demo_server(demo_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
     server.stop()
 
 
+def _metrics_server(
+    model_tag: str, tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[tuple[BentoServer, int]]:
+    """A dedicated server whose tritonserver exposes its metrics on a known port (for engine
+    counters); tests may stop it themselves (stopping again is harmless)."""
+    metrics_port = find_free_port()
+    server = start_bento_server(
+        model_tag,
+        tmp_path_factory.mktemp(name),
+        env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
+    )
+    yield server, metrics_port
+    stop_and_reap(server)
+
+
 @pytest.fixture(scope="module")
 def synthetic_metrics_server(
     synthetic_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[BentoServer, int]]:
-    """A dedicated server of the synthetic model whose tritonserver exposes its metrics on a known
-    port (for engine counters); tests may stop it (stop() is idempotent)."""
-    metrics_port = find_free_port()
-    server = start_bento_server(
-        synthetic_model,
-        tmp_path_factory.mktemp("synthetic-metrics-server"),
-        env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
-    )
-    yield server, metrics_port
-    server.stop()
+    """The synthetic model with Triton's metrics on a known port."""
+    yield from _metrics_server(synthetic_model, tmp_path_factory, "synthetic-metrics-server")
 
 
 # --- appended for the reliability tests (test_faults, test_security, test_soak_reduced) ---------
@@ -203,8 +210,6 @@ def slow_synthetic_model() -> str:
 def stop_and_reap(server: BentoServer) -> None:
     """Stop a server, then SIGKILL (by pid) any process it had started that is still alive: the
     bentoml worker runs in its own process group, so killpg of the arbiter may miss it."""
-    import contextlib
-
     try:
         started = psutil.Process(server.process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -255,12 +260,5 @@ def module_bento_launcher(
 def slow_metrics_server(
     slow_synthetic_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[BentoServer, int]]:
-    """The 50 ms/token synthetic model with Triton's metrics on a known port; tests may stop it."""
-    metrics_port = find_free_port()
-    server = start_bento_server(
-        slow_synthetic_model,
-        tmp_path_factory.mktemp("slow-metrics-server"),
-        env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
-    )
-    yield server, metrics_port
-    stop_and_reap(server)
+    """The 50 ms/token synthetic model with Triton's metrics on a known port."""
+    yield from _metrics_server(slow_synthetic_model, tmp_path_factory, "slow-metrics-server")
