@@ -66,7 +66,6 @@ class LLMRuntime:
         manifest = read_manifest(self.model_root)
         self.engine: EngineInfo = inspect_engine(self.model_root / ENGINES)
         self.route = self.settings.route or Route(manifest.get("route", Route.DIRECT.value))
-        self.tokenizer = load_tokenizer(self.model_root / TOKENIZER)
         self.loras = LoraRegistry.from_model(self.model_root)
         self.supervisor: TritonSupervisor | None = None
         self._client: TritonLLMClient | None = None
@@ -102,11 +101,21 @@ class LLMRuntime:
                 models=self._models_to_load(),
             )
         )
-        await asyncio.to_thread(self.supervisor.start)
+        # transformers' import and the tokenizer's load (~3 s) overlap tritonserver's start.
+        tokenizer_loading = asyncio.ensure_future(
+            asyncio.to_thread(load_tokenizer, self.model_root / TOKENIZER)
+        )
+        try:
+            await asyncio.to_thread(self.supervisor.start)
+            tokenizer = await tokenizer_loading
+        except BaseException:
+            tokenizer_loading.cancel()
+            await asyncio.to_thread(self.supervisor.stop)
+            raise
         self._client = TritonLLMClient(self.supervisor.grpc_url)
         self._generator = Generator(
             self._client,
-            self.tokenizer,
+            tokenizer,
             EngineLimits.from_engine(self.engine),
             self.route,
             generation_metrics(),

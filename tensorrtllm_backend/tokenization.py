@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    # transformers (and the torch it pulls in) takes ~2 s to import: the service imports it
+    # while tritonserver starts, not before (see runtime.LLMRuntime.start).
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "IncrementalDetokenizer",
@@ -29,6 +34,8 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizer
 
     NVIDIA's newer preprocessing does the same, so PAD_ID defaults agree with theirs.
     """
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(
         os.fspath(tokenizer_dir), local_files_only=True, padding_side="left"
     )
