@@ -47,6 +47,31 @@ class Service:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def serving_cpu_s(self) -> float:
+        """CPU seconds used so far by `bentoml serve` and its workers, not by the tritonserver
+        it supervises (nor that server's Python stubs): the serving layer's own cost."""
+        total = 0.0
+        try:
+            root = psutil.Process(self.process.pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return total
+        triton = {p.pid for p in processes if _is_triton(p)}
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                if process.pid in triton or triton & {a.pid for a in process.parents()}:
+                    continue
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+
+def _is_triton(process: psutil.Process) -> bool:
+    try:
+        return process.name().startswith(("tritonserver", "mpirun"))
+    except psutil.Error:
+        return False
+
 
 def _log_tail(path: Path, chars: int = 3000) -> str:
     try:

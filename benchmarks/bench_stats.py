@@ -7,7 +7,11 @@ Definitions (the same for every target, so ratios compare like with like):
 - ITL: per request, (last output − first output) / (output tokens − 1), as genai-perf counts it;
   avg/p50/p99 are taken over requests;
 - tokens/s and requests/s: totals of the measured requests over the wall time of the run;
-- short: a request that ended without error but with fewer tokens (or less text) than expected.
+- short: a request that ended without error but with fewer tokens (or less text) than expected;
+- CPU µs/token: CPU time (user + system) of the process that serves the stream, over the measured
+  requests, per output token. For grpc_direct it is the benchmark's own gRPC client, i.e. what any
+  client pays to receive Triton's responses; for the services, their BentoML processes
+  (tritonserver excluded). Triton's own generate_stream has no separate serving process.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class TargetSummary:
     ttft_ms: Distribution
     itl_ms: Distribution
     first_error: str | None = None
+    cpu_us_per_token: float | None = None
     ratios: dict[str, float | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,9 +107,17 @@ class TargetSummary:
 
 
 def summarize(
-    target: str, cell: str, concurrency: int, records: Sequence[RequestRecord], wall_s: float
+    target: str,
+    cell: str,
+    concurrency: int,
+    records: Sequence[RequestRecord],
+    wall_s: float,
+    cpu_s: float | None = None,
 ) -> TargetSummary:
-    """Aggregate the records of one run; errors count as requests but not as output."""
+    """Aggregate the records of one run; errors count as requests but not as output.
+
+    cpu_s: CPU seconds the serving process spent on the run (None: not measured).
+    """
     ok = [r for r in records if r.error is None]
     errors = [r for r in records if r.error is not None]
     tokens = sum(r.tokens for r in ok)
@@ -125,6 +138,7 @@ def summarize(
         ttft_ms=Distribution.of_seconds(t for r in ok if (t := r.ttft_s) is not None),
         itl_ms=Distribution.of_seconds(t for r in ok if (t := r.itl_s) is not None),
         first_error=errors[0].error if errors else None,
+        cpu_us_per_token=cpu_s * 1e6 / tokens if cpu_s is not None and tokens else None,
     )
 
 
@@ -171,7 +185,7 @@ def _dist(d: Distribution) -> str:
 
 COLUMNS = (
     "target", "req/s", "tok/s", "x tok/s", "TTFT ms avg/p50/p99", "x TTFT p50", "ITL ms avg/p50/p99",
-    "err", "short",
+    "CPU us/tok", "err", "short",
 )  # fmt: skip
 
 
@@ -187,6 +201,7 @@ def table_rows(summaries: Sequence[TargetSummary]) -> list[list[str]]:
                 _dist(s.ttft_ms),
                 _num(s.ratios.get("ttft_p50"), 2),
                 _dist(s.itl_ms),
+                _num(s.cpu_us_per_token, 0),
                 str(s.errors),
                 str(s.short),
             ]
@@ -286,6 +301,22 @@ def check_goals(
                 2,
             )
         )
+    for cell in (zero_cell, high_itl_cell):
+        nat_c = _find(summaries, cell, native)
+        floor = _find(summaries, cell, REFERENCE_TARGET)
+        if nat_c and floor and nat_c.cpu_us_per_token and floor.cpu_us_per_token:
+            # What the proxy adds on top of receiving Triton's responses, which any gRPC client
+            # pays (grpc_direct's client); both absolute figures are in the detail.
+            added = nat_c.cpu_us_per_token - floor.cpu_us_per_token
+            goals.append(
+                Goal(
+                    "serving-layer CPU <= 25 us/token over a bare gRPC client",
+                    cell,
+                    added <= 25.0,
+                    f"{added:.0f} us (service {nat_c.cpu_us_per_token:.0f}, "
+                    f"bare gRPC client {floor.cpu_us_per_token:.0f})",
+                )
+            )
     for cell in (zero_cell, high_itl_cell):
         nat_c = _find(summaries, cell, native)
         oai = _find(summaries, cell, openai)

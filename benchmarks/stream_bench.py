@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -150,8 +152,14 @@ class Run:
 
 
 async def measure(
-    run: Run, name: str, cell: Cell, request: RequestFn, prompts: Sequence[PromptCase]
+    run: Run,
+    name: str,
+    cell: Cell,
+    request: RequestFn,
+    prompts: Sequence[PromptCase],
+    cpu_clock: Callable[[], float] | None = None,
 ) -> TargetSummary:
+    """cpu_clock: CPU seconds used so far by the process(es) serving the target."""
     args = run.args
     n = requests_for(cell, args.quick, args.requests)
     warmup = (
@@ -159,12 +167,15 @@ async def measure(
     )
     if warmup:
         await run_load(request, prompts, warmup, min(warmup, cell.concurrency))
+    cpu_before = cpu_clock() if cpu_clock is not None else None
     records, wall = await run_load(request, prompts, n, cell.concurrency)
-    summary = summarize(name, cell.label, cell.concurrency, records, wall)
+    cpu_s = cpu_clock() - cpu_before if cpu_clock is not None and cpu_before is not None else None
+    summary = summarize(name, cell.label, cell.concurrency, records, wall, cpu_s)
     run.summaries.append(summary)
     print(
         f"  {cell.label:<22} {name:<24} {summary.tokens_per_s:8.0f} tok/s  "
-        f"TTFT p50 {summary.ttft_ms.p50 or 0:7.1f} ms  errors {summary.errors}  "
+        f"TTFT p50 {summary.ttft_ms.p50 or 0:7.1f} ms  "
+        f"CPU {summary.cpu_us_per_token or 0:5.0f} us/tok  errors {summary.errors}  "
         f"short {summary.short}",
         flush=True,
     )
@@ -180,7 +191,7 @@ async def measure_triton(
         if "grpc_direct" in targets:
             direct = GrpcDirect(grpc_url, max_tokens, pad_id)
             try:
-                await measure(run, "grpc_direct", cell, direct, prompts)
+                await measure(run, "grpc_direct", cell, direct, prompts, own_cpu_s)
             finally:
                 await direct.close()
         if "triton_generate_stream" in targets:
@@ -190,22 +201,24 @@ async def measure_triton(
 
 
 async def measure_http(
-    run: Run, cells: Sequence[Cell], url: str, prompts: Sequence[PromptCase], targets: set[str],
-    label: str, expect: str | None, model: str | None, native: bool = True,
+    run: Run, cells: Sequence[Cell], service: Service, prompts: Sequence[PromptCase],
+    targets: set[str], label: str, expect: str | None, model: str | None, native: bool = True,
 ) -> None:  # fmt: skip
     """Native (or baseline) text streaming and OpenAI streaming against one service."""
     max_tokens = run.args.max_tokens
+    url = service.url
+    cpu = service.serving_cpu_s
     for cell in cells:
         async with http_client(cell.concurrency) as client:
             if native and "native" in targets:
                 text = TextStream(client, f"{url}/generate", max_tokens, expect)
-                await measure(run, f"native[{label}]", cell, text, prompts)
+                await measure(run, f"native[{label}]", cell, text, prompts, cpu)
             if not native:
                 text = TextStream(client, f"{url}/generate", max_tokens, expect, native=False)
-                await measure(run, label, cell, text, prompts)
+                await measure(run, label, cell, text, prompts, cpu)
             if native and "openai" in targets and model is not None:
                 openai = OpenAICompletions(client, url, model, max_tokens, expect)
-                await measure(run, f"openai[{label}]", cell, openai, prompts)
+                await measure(run, f"openai[{label}]", cell, openai, prompts, cpu)
 
 
 async def openai_model_name(url: str) -> str:
@@ -274,7 +287,7 @@ def run_local(run: Run, procs: Processes) -> None:
                         measure_http(
                             run,
                             group,
-                            baseline.url,
+                            baseline,
                             prompts,
                             targets,
                             "baseline_proxy",
@@ -301,7 +314,7 @@ def run_local(run: Run, procs: Processes) -> None:
                 name = asyncio.run(openai_model_name(service.url))
                 expect = "decode" if route == "direct" else ROUTE_MODELS[route]
                 asyncio.run(
-                    measure_http(run, group, service.url, prompts, targets, route, expect, name)
+                    measure_http(run, group, service, prompts, targets, route, expect, name)
                 )
             finally:
                 procs.stop_service(service)
@@ -417,6 +430,12 @@ def report(run: Run, started: float) -> dict[str, Any]:
         "notes": run.notes,
         "duration_s": time.perf_counter() - started,
     }
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process: the grpc_direct client runs here, alone while measured."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

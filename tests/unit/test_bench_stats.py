@@ -119,6 +119,24 @@ def test_goals_report_pass_and_miss() -> None:
     assert "[MISS]" in format_goals(list(goals.values()))
 
 
+def test_cpu_per_token_and_the_serving_layer_goal() -> None:
+    zero, high = "ITL 0 ms, C=64", "ITL 20 ms, C=128"
+    # 100 tokens each: 12 ms of client CPU is 120 us/token, 14 ms of service CPU 140 us/token.
+    direct = summarize("grpc_direct", zero, 64, [record(0.0, 0.01, 1.0, 100)], 1.0, cpu_s=0.012)
+    native = summarize("native[direct]", zero, 64, [record(0.0, 0.01, 1.0, 100)], 1.0, 0.014)
+    assert direct.cpu_us_per_token == pytest.approx(120.0)
+    assert native.cpu_us_per_token == pytest.approx(140.0)
+    assert summarize("x", zero, 1, [], 1.0, cpu_s=0.5).cpu_us_per_token is None  # no tokens
+    assert "140" in format_table([direct, native]).splitlines()[-1]
+    goals = {g.name: g for g in check_goals([direct, native], "native[direct]", "o", high, zero)}
+    goal = goals["serving-layer CPU <= 25 us/token over a bare gRPC client"]
+    assert goal.passed is True and goal.cell == zero
+    assert goal.detail == "20 us (service 140, bare gRPC client 120)"
+    heavier = summarize("native[direct]", zero, 64, [record(0.0, 0.01, 1.0, 100)], 1.0, 0.016)
+    goals = {g.name: g for g in check_goals([direct, heavier], "native[direct]", "o", high, zero)}
+    assert goals["serving-layer CPU <= 25 us/token over a bare gRPC client"].passed is False
+
+
 def test_goals_without_measurements_are_not_applicable() -> None:
     goals = check_goals([], "native[direct]", "openai[direct]", "a", "b")
     assert [g.passed for g in goals] == [None]
