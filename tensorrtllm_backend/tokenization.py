@@ -7,7 +7,7 @@ stub and inside the service process, so both ways through Triton produce the sam
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +51,38 @@ def decode(
     return tokenizer.decode(
         list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
     )
+
+
+def bound_decoder(
+    tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True
+) -> Callable[[list[int]], str]:
+    """`decode` for one tokenizer, for per-token use.
+
+    For a fast tokenizer whose class keeps transformers' own decode, that decode (without the
+    clean-up) is exactly the Rust backend's, which costs a quarter as much per call: the
+    backend is called directly. Any other tokenizer goes through `decode`.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        backend is not None
+        and issubclass(cls, PreTrainedTokenizerFast)
+        and cls.decode is PreTrainedTokenizerFast.decode
+        and cls._decode is PreTrainedTokenizerFast._decode
+    ):
+        backend_decode = backend.decode
+
+        def fast(ids: list[int]) -> str:
+            return str(backend_decode(ids, skip_special_tokens=skip_special_tokens))
+
+        return fast
+
+    def general(ids: list[int]) -> str:
+        return decode(tokenizer, ids, skip_special_tokens)
+
+    return general
 
 
 def _as_str(value: object) -> str:
@@ -149,8 +181,7 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True):
-        self._tokenizer = tokenizer
-        self._skip_special_tokens = skip_special_tokens
+        self._decode = bound_decoder(tokenizer, skip_special_tokens)
         self._ids: list[int] = []  # window: tokens from the prefix start onwards
         self._read_offset = 0  # within _ids: first token whose text is not fully emitted
         self._emitted = 0  # characters of the text after the prefix already emitted
@@ -162,10 +193,8 @@ class IncrementalDetokenizer:
 
     def _pending_text(self) -> str:
         """Text of the tokens after the prefix, decoded in the context of the prefix."""
-        prefix_text = decode(
-            self._tokenizer, self._ids[: self._read_offset], self._skip_special_tokens
-        )
-        full_text = decode(self._tokenizer, self._ids, self._skip_special_tokens)
+        prefix_text = self._decode(self._ids[: self._read_offset]) if self._read_offset else ""
+        full_text = self._decode(self._ids)
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
 
     def feed(self, token_ids: Iterable[int]) -> str:

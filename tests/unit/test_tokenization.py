@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -18,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from tensorrtllm_backend.tokenization import (
     IncrementalDetokenizer,
     StopStringMatcher,
+    bound_decoder,
     build_embedding_bias,
     decode,
     encode_word_lists,
@@ -133,15 +135,18 @@ def test_embedding_bias(bpe: PreTrainedTokenizerFast) -> None:
         build_embedding_bias(bpe, ["fox"], [], vocab_size=len(bpe))
 
 
-def _stream(detok: IncrementalDetokenizer, ids: list[int], rng: random.Random) -> list[str]:
+def _stream(
+    tok: PreTrainedTokenizerFast, ids: list[int], rng: random.Random, skip: bool = True
+) -> list[str]:
     """Feed ids in random chunks; check the no-flush invariant; return the pieces incl. flush."""
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
     pieces: list[str] = []
     pos = 0
     while pos < len(ids):
         step = rng.choice([1, 1, 1, 2, 3])
         pieces.append(detok.feed(ids[pos : pos + step]))
         pos += step
-    whole = decode(detok._tokenizer, ids, detok._skip_special_tokens)
+    whole = decode(tok, ids, skip)
     assert "".join(pieces) == whole.rstrip("\ufffd")
     pieces.append(detok.flush())
     return pieces
@@ -155,7 +160,7 @@ def test_incremental_detokenizer_equals_full_decode_on_text(
     rng = random.Random(1)
     for text in CORPUS[:4] + [" leading space", "a  b   c", "🙂🙂 x 日本"]:
         ids = tok.encode(text, add_special_tokens=False)
-        pieces = _stream(IncrementalDetokenizer(tok), ids, rng)
+        pieces = _stream(tok, ids, rng)
         assert "".join(pieces) == decode(tok, ids)
         assert all("\ufffd" not in piece for piece in pieces)
 
@@ -171,7 +176,7 @@ def test_incremental_detokenizer_random_byte_level_streams(
     rng = random.Random(7)
     for _ in range(80):
         ids = [rng.randrange(len(bpe)) for _ in range(rng.randrange(1, 40))]
-        pieces = _stream(IncrementalDetokenizer(bpe, skip_special_tokens=skip), ids, rng)
+        pieces = _stream(bpe, ids, rng, skip)
         assert "".join(pieces) == decode(bpe, ids, skip_special_tokens=skip)
 
 
@@ -195,7 +200,7 @@ def test_incremental_detokenizer_random_sentencepiece_streams(
                 ids += spm.encode(rng.choice(chars), add_special_tokens=False)
             else:
                 ids.append(rng.choice(pieces_pool))
-        pieces = _stream(IncrementalDetokenizer(spm, skip_special_tokens=skip), ids, rng)
+        pieces = _stream(spm, ids, rng, skip)
         assert "".join(pieces) == decode(spm, ids, skip_special_tokens=skip)
 
 
@@ -227,6 +232,31 @@ def test_incremental_detokenizer_skips_special_tokens(bpe: PreTrainedTokenizerFa
     assert "".join(detok.feed([i]) for i in ids) + detok.flush() == "Hello"
     detok = IncrementalDetokenizer(bpe, skip_special_tokens=False)
     assert "".join(detok.feed([i]) for i in ids) + detok.flush() == "Hello</s>"
+
+
+@pytest.mark.parametrize("kind", ["bpe", "spm"])
+@pytest.mark.parametrize("skip", [True, False])
+def test_bound_decoder_equals_decode(request: pytest.FixtureRequest, kind: str, skip: bool) -> None:
+    tok = request.getfixturevalue(kind)
+    rng = random.Random(7)
+    streams = [[rng.randrange(len(tok)) for _ in range(rng.randrange(0, 12))] for _ in range(300)]
+    fast = bound_decoder(tok, skip)
+    assert all(fast(ids) == decode(tok, ids, skip) for ids in streams)
+
+
+def test_bound_decoder_respects_a_tokenizer_with_its_own_decode(
+    bpe: PreTrainedTokenizerFast,
+) -> None:
+    class Shouting(type(bpe)):  # type: ignore[misc]
+        def decode(self, token_ids: object, **kwargs: object) -> str:  # type: ignore[override]
+            return str(super().decode(token_ids, **kwargs)).upper()
+
+    shouting = copy.copy(bpe)
+    shouting.__class__ = Shouting
+    ids = bpe.encode("Hello world", add_special_tokens=False)
+    assert bound_decoder(shouting)(ids) == "HELLO WORLD"
+    detok = IncrementalDetokenizer(shouting)
+    assert "".join(detok.feed([i]) for i in ids) + detok.flush() == "HELLO WORLD"
 
 
 def _run_matcher(stops: list[str], chunks: list[str]) -> tuple[str, bool, int]:
