@@ -23,6 +23,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 from tensorrtllm_backend.client import make_inputs
+from tensorrtllm_backend.translation import new_token_ids
 
 from .bench_stats import RequestRecord
 
@@ -134,8 +135,9 @@ class GrpcDirect:
                 if error is not None:
                     record.error = _error_text(error)
                     break
-                lengths = result.as_numpy("sequence_length")
-                count = int(lengths.reshape(-1)[0]) if lengths is not None else 0
+                # The service's own parse of a response: the floor's CPU per token is then
+                # what receiving costs, not numpy's overhead.
+                count = len(new_token_ids(result))
                 if count:
                     now = time.perf_counter()
                     record.first_output = record.first_output or now
