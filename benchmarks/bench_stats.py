@@ -175,12 +175,13 @@ def add_ratios(summaries: Sequence[TargetSummary], reference: str = REFERENCE_TA
         }
 
 
-def _num(value: float | None, digits: int = 1) -> str:
+def format_number(value: float | None, digits: int = 1) -> str:
+    """A number for the table, "-" when not measured."""
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _dist(d: Distribution) -> str:
-    return f"{_num(d.avg)}/{_num(d.p50)}/{_num(d.p99)}"
+    return f"{format_number(d.avg)}/{format_number(d.p50)}/{format_number(d.p99)}"
 
 
 COLUMNS = (
@@ -195,13 +196,13 @@ def table_rows(summaries: Sequence[TargetSummary]) -> list[list[str]]:
         rows.append(
             [
                 s.target,
-                _num(s.requests_per_s, 2),
-                _num(s.tokens_per_s, 0),
-                _num(s.ratios.get("tokens_per_s"), 2),
+                format_number(s.requests_per_s, 2),
+                format_number(s.tokens_per_s, 0),
+                format_number(s.ratios.get("tokens_per_s"), 2),
                 _dist(s.ttft_ms),
-                _num(s.ratios.get("ttft_p50"), 2),
+                format_number(s.ratios.get("ttft_p50"), 2),
                 _dist(s.itl_ms),
-                _num(s.cpu_us_per_token, 0),
+                format_number(s.cpu_us_per_token, 0),
                 str(s.errors),
                 str(s.short),
             ]
@@ -247,7 +248,9 @@ def _find(summaries: Sequence[TargetSummary], cell: str, target: str) -> TargetS
 
 def _ratio_goal(name: str, cell: str, ratio: float | None, minimum: float, digits: int) -> Goal:
     """A goal met when a throughput ratio reaches `minimum`."""
-    return Goal(name, cell, ratio is not None and ratio >= minimum, f"{_num(ratio, digits)}x")
+    return Goal(
+        name, cell, ratio is not None and ratio >= minimum, f"{format_number(ratio, digits)}x"
+    )
 
 
 def check_goals(
@@ -273,7 +276,7 @@ def check_goals(
                 "native TTFT p50 <= direct + 5 ms",
                 high_itl_cell,
                 delta is not None and delta <= 5.0,
-                f"{_num(delta)} ms",
+                f"{format_number(delta)} ms",
             )  # fmt: skip
         )
     else:
@@ -288,7 +291,7 @@ def check_goals(
                 "native tok/s >= Triton generate_stream",
                 zero_cell,
                 ok,
-                f"{_num(nat0.tokens_per_s, 0)} vs {_num(gen0.tokens_per_s, 0)}",
+                f"{format_number(nat0.tokens_per_s, 0)} vs {format_number(gen0.tokens_per_s, 0)}",
             )  # fmt: skip
         )
     if nat0 and base0:

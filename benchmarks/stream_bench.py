@@ -59,6 +59,7 @@ from benchmarks.bench_stats import (
     add_ratios,
     check_goals,
     format_goals,
+    format_number,
     format_table,
     summarize,
 )
@@ -175,7 +176,7 @@ async def measure(
     print(
         f"  {cell.label:<22} {name:<24} {summary.tokens_per_s:8.0f} tok/s  "
         f"TTFT p50 {summary.ttft_ms.p50 or 0:7.1f} ms  "
-        f"CPU {summary.cpu_us_per_token or 0:5.0f} us/tok  errors {summary.errors}  "
+        f"CPU {format_number(summary.cpu_us_per_token, 0):>5} us/tok  errors {summary.errors}  "
         f"short {summary.short}",
         flush=True,
     )
