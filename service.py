@@ -23,7 +23,12 @@ from tensorrtllm_backend.deployment import (
     resources,
     tracing_config,
 )
-from tensorrtllm_backend.errors import StreamAborted, as_api_error, error_response
+from tensorrtllm_backend.errors import (
+    NativeErrorMiddleware,
+    StreamAborted,
+    as_api_error,
+    error_response,
+)
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
 from tensorrtllm_backend.metrics_export import ENABLED as TRITON_METRICS_EXPORT
@@ -138,6 +143,7 @@ class TRTLLM:
         return JSONResponse(body)  # type: ignore[return-value]
 
 
+TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
 
 

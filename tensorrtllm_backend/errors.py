@@ -1,18 +1,28 @@
 """Map the core's exceptions to HTTP answers for the native API (the OpenAI adapter has its own
-error objects). Bad input is a 4xx that says what to fix; Triton being away is a 503."""
+error objects). Bad input is a 4xx that says what to fix; Triton being away is a 503.
+
+Both native APIs answer an error with `{"error": "<what to fix>"}` (plus Retry-After on 429 and
+503). `/generate_text` returns that response itself. `/generate` is a stream, so it can only raise
+before its first chunk, and BentoML renders what it raises in its own way: a 4xx body as a JSON
+list, a 5xx with its message replaced by "unexpected error". :class:`NativeErrorMiddleware`
+renders those errors like `/generate_text` does instead.
+"""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from http import HTTPStatus
 
 from bentoml.exceptions import BentoMLException
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .client import TritonModelError, TritonUnavailableError
 from .generation import RequestError
 from .metrics import generation_metrics
 
 RETRY_AFTER_S = 5
+STREAMING_NATIVE_PATHS = frozenset({"/generate"})
 
 
 class StreamAborted(BaseException):
@@ -25,22 +35,69 @@ class APIError(BentoMLException):
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message, error_code=HTTPStatus(status))
+        self.message = message
+        self.status = status
+
+
+# Set by NativeErrorMiddleware for one request: the APIError the API raised, if any. A mutable
+# holder, so that it is seen even if the API runs in a task with a copy of the context.
+_raised: ContextVar[list[APIError] | None] = ContextVar("trtllm_native_error", default=None)
 
 
 def as_api_error(error: Exception) -> APIError:
     if isinstance(error, RequestError):
         generation_metrics().record_rejected("native", "invalid_request")
-        return APIError(str(error), error.status)
-    if isinstance(error, TritonUnavailableError):
-        return APIError(f"the model server is not available, retry shortly: {error}", 503)
-    if isinstance(error, TritonModelError):
-        return APIError(f"the model failed on this request: {error}", 502)
-    raise error
+        api_error = APIError(str(error), error.status)
+    elif isinstance(error, TritonUnavailableError):
+        api_error = APIError(f"the model server is not available, retry shortly: {error}", 503)
+    elif isinstance(error, TritonModelError):
+        api_error = APIError(f"the model failed on this request: {error}", 502)
+    else:
+        raise error
+    raised = _raised.get()
+    if raised is not None:
+        raised.append(api_error)
+    return api_error
+
+
+def json_error(api_error: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if api_error.status in (429, 503) else None
+    return JSONResponse({"error": api_error.message}, status_code=api_error.status, headers=headers)
 
 
 def error_response(error: Exception) -> JSONResponse:
     """A JSON error body for coroutine APIs, which can return a response of their own."""
-    api_error = as_api_error(error)
-    status = int(api_error.error_code)
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return JSONResponse({"error": str(api_error)}, status_code=status, headers=headers)
+    return json_error(as_api_error(error))
+
+
+class NativeErrorMiddleware:
+    """For the streaming native API: when the API raised an :class:`APIError`, send
+    :func:`json_error` of it in place of BentoML's rendering (same status)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in STREAMING_NATIVE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        raised: list[APIError] = []
+        token = _raised.set(raised)
+        replaced = False
+
+        async def send_rendered(message: Message) -> None:
+            nonlocal replaced
+            if replaced:
+                return  # BentoML's own error body
+            if message["type"] == "http.response.start" and raised:
+                error = raised[-1]
+                if message["status"] == error.status:
+                    replaced = True
+                    await json_error(error)(scope, receive, send)
+                    return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_rendered)
+        finally:
+            _raised.reset(token)

@@ -175,6 +175,12 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
     )
     assert outage.status_code == 503, outage.text
     assert "retry" in outage.text.lower() and "retry-after" in outage.headers
+    # the streaming API too (BentoML alone would say "unexpected error", without Retry-After)
+    outage = httpx.post(
+        f"{server.url}/generate", json={"prompt": PROMPT, "max_tokens": 4}, timeout=10
+    )
+    assert outage.status_code == 503, outage.text
+    assert "retry shortly" in outage.json()["error"] and "retry-after" in outage.headers
 
     # every in-flight stream ends within 5 s, visibly failed
     for watch in (native, chat):
