@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
@@ -24,21 +25,45 @@ class _End:
 
 
 class _Pump(Generic[T]):
+    """Reads the source in its own task into a deque; one future wakes the consumer.
+
+    (An asyncio.Queue does the same with more bookkeeping per item, and this runs per token.)
+    """
+
     def __init__(self, source: AsyncIterator[T]) -> None:
         self.source = source
-        self.queue: asyncio.Queue[T | _End] = asyncio.Queue()
+        self.pending: deque[T | _End] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.task = asyncio.ensure_future(self._run())
+
+    def _put(self, item: T | _End) -> None:
+        self.pending.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _run(self) -> None:
         try:
             async for item in self.source:
-                self.queue.put_nowait(item)
+                self._put(item)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # handed to the consumer, raised there
-            self.queue.put_nowait(_End(error))
+            self._put(_End(error))
             return
-        self.queue.put_nowait(_End())
+        self._put(_End())
+
+    async def take_all(self) -> list[T | _End]:
+        """Everything read since the last call; waits while there is nothing."""
+        if not self.pending:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items = list(self.pending)
+        self.pending.clear()
+        return items
 
     async def close(self) -> None:
         if not self.task.done():
@@ -55,11 +80,9 @@ async def coalesce(source: AsyncIterator[T], merge: Callable[[list[T]], T]) -> A
     pump = _Pump(source)
     try:
         while True:
-            pieces = [await pump.queue.get()]
-            while not pump.queue.empty():
-                pieces.append(pump.queue.get_nowait())
+            pieces = await pump.take_all()
             end = pieces[-1] if isinstance(pieces[-1], _End) else None
-            data = [p for p in pieces if not isinstance(p, _End)]
+            data = pieces[:-1] if end is not None else pieces
             if data:
                 yield merge(data)  # type: ignore[arg-type]
             if end is not None:
