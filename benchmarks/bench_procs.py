@@ -43,6 +43,7 @@ class Service:
     log_path: Path
     cold_start_s: float
     spawned_at: float = 0.0
+    triton_grpc_url: str | None = None  # the service's own tritonserver, when its port is known
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]

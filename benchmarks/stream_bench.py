@@ -55,6 +55,7 @@ from benchmarks.bench_clients import (
 )
 from benchmarks.bench_procs import BENCH_DIR, ROOT, PackedModel, Processes, Service
 from benchmarks.bench_stats import (
+    CpuComparison,
     TargetSummary,
     add_ratios,
     check_goals,
@@ -63,6 +64,7 @@ from benchmarks.bench_stats import (
     format_table,
     summarize,
 )
+from tensorrtllm_backend.server import find_free_port
 
 ALL_TARGETS = ("grpc_direct", "triton_generate_stream", "native", "openai", "baseline")
 ROUTE_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
@@ -129,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--warmup", type=int, help="unmeasured requests before each target")
     parser.add_argument(
+        "--cpu-rounds",
+        type=int,
+        help="alternating rounds of bare gRPC client / native against the service's own "
+        "tritonserver, for the serving-layer CPU figure (default 3, 1 with --quick, 0: none)",
+    )
+    parser.add_argument(
         "--cold-start",
         action=argparse.BooleanOptionalAction,
         help="pack + serve the demo model alone for its cold start (default: yes, not in --quick)",
@@ -150,6 +158,7 @@ class Run:
     summaries: list[TargetSummary] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    cpu: list[CpuComparison] = field(default_factory=list)
 
 
 async def measure(
@@ -220,6 +229,55 @@ async def measure_http(
             if native and "openai" in targets and model is not None:
                 openai = OpenAICompletions(client, url, model, max_tokens, expect)
                 await measure(run, f"openai[{label}]", cell, openai, prompts, cpu)
+
+
+async def _cpu_us_per_token(
+    request: RequestFn, prompts: Sequence[PromptCase], n: int, concurrency: int,
+    cpu_clock: Callable[[], float],
+) -> float:  # fmt: skip
+    before = cpu_clock()
+    records, _ = await run_load(request, prompts, n, concurrency)
+    used = cpu_clock() - before
+    failed = [r.error for r in records if r.error is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed while measuring CPU: {failed[0]}")
+    return used * 1e6 / max(1, sum(r.tokens for r in records))
+
+
+async def compare_cpu(
+    run: Run, cell: Cell, service: Service, prompts: Sequence[PromptCase], pad_id: int,
+    rounds: int,
+) -> None:  # fmt: skip
+    """The serving layer's own CPU per token: a bare gRPC client and the native stream, in
+    alternating rounds against the same tritonserver (the service's), so that slow phases of a
+    shared machine hit both alike."""
+    if service.triton_grpc_url is None:
+        return
+    n = requests_for(cell, False, run.args.requests)
+    comparison = CpuComparison(cell.label)
+    direct = GrpcDirect(service.triton_grpc_url, run.args.max_tokens, pad_id)
+    try:
+        async with http_client(cell.concurrency) as client:
+            native = TextStream(client, f"{service.url}/generate", run.args.max_tokens, "decode")
+            for _ in range(rounds):
+                comparison.client_us.append(
+                    await _cpu_us_per_token(direct, prompts, n, cell.concurrency, own_cpu_s)
+                )
+                comparison.service_us.append(
+                    await _cpu_us_per_token(
+                        native, prompts, n, cell.concurrency, service.serving_cpu_s
+                    )
+                )
+    finally:
+        await direct.close()
+    run.cpu.append(comparison)
+    print(
+        f"  {cell.label:<22} CPU us/token in {rounds} rounds: bare gRPC client "
+        f"{'/'.join(f'{v:.0f}' for v in comparison.client_us)}, native "
+        f"{'/'.join(f'{v:.0f}' for v in comparison.service_us)}; added (median) "
+        f"{format_number(comparison.added_median, 0)} us",
+        flush=True,
+    )
 
 
 async def openai_model_name(url: str) -> str:
@@ -317,17 +375,32 @@ def run_local(run: Run, procs: Processes) -> None:
                 asyncio.run(
                     measure_http(run, group, service, prompts, targets, route, expect, name)
                 )
+                rounds = cpu_rounds(args)
+                if route == "direct" and rounds and {"grpc_direct", "native"} <= targets:
+                    for cell in group:
+                        asyncio.run(compare_cpu(run, cell, service, prompts, pad_id, rounds))
             finally:
                 procs.stop_service(service)
     if args.cold_start if args.cold_start is not None else not args.quick:
         measure_demo_cold_start(run, procs)
 
 
+def cpu_rounds(args: argparse.Namespace) -> int:
+    if args.cpu_rounds is not None:
+        return max(0, int(args.cpu_rounds))
+    return 1 if args.quick else 3
+
+
 def spawn_trtllm(procs: Processes, model: PackedModel, route: str, name: str = "trtllm") -> Service:
-    return procs.spawn_service(
+    """The service on a free port, its tritonserver's gRPC on a known one (for compare_cpu)."""
+    grpc_port = find_free_port()
+    service = procs.spawn_service(
         f"{name}-{route}", "service:TRTLLM", ROOT,
-        {"TRTLLM_MODEL": model.tag, "TRTLLM_ROUTE": route},
+        {"TRTLLM_MODEL": model.tag, "TRTLLM_ROUTE": route,
+         "TRTLLM_TRITON_GRPC_PORT": str(grpc_port)},
     )  # fmt: skip
+    service.triton_grpc_url = f"127.0.0.1:{grpc_port}"
+    return service
 
 
 def measure_demo_cold_start(run: Run, procs: Processes) -> None:
@@ -399,7 +472,7 @@ def report(run: Run, started: float) -> dict[str, Any]:
     print(format_table(summaries))
     zero = Cell(0.0, 64).label
     high = Cell(20.0, 128).label
-    goals = check_goals(summaries, "native[direct]", "openai[direct]", high, zero)
+    goals = check_goals(summaries, "native[direct]", "openai[direct]", high, zero, run.cpu)
     if goals and not args.url:
         print("\nIssue 6 targets (informational):")
         print(format_goals(goals))
@@ -424,6 +497,7 @@ def report(run: Run, started: float) -> dict[str, Any]:
             "url": args.url,
         },  # fmt: skip
         "results": [s.as_dict() for s in summaries],
+        "cpu_rounds": [c.as_dict() for c in run.cpu],
         "goals": [
             {"name": g.name, "cell": g.cell, "passed": g.passed, "detail": g.detail} for g in goals
         ],
