@@ -14,6 +14,7 @@ import asyncio
 import codecs
 import json
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,24 @@ async def run_load(
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
+    return records, time.perf_counter() - started
+
+
+async def run_open_loop(
+    request: RequestFn, prompts: Sequence[PromptCase], n: int, rate: float, seed: int = 0
+) -> tuple[list[RequestRecord], float]:
+    """n requests arriving as a Poisson process of `rate` per second, whatever is in flight.
+
+    A closed loop sends each request when another ends, i.e. right after a last token, which
+    locks arrivals to the engine's step; open-loop arrivals land at any phase of it.
+    """
+    arrivals = random.Random(seed)
+    started = time.perf_counter()
+    in_flight = []
+    for index in range(n):
+        in_flight.append(asyncio.ensure_future(request(prompts[index % len(prompts)])))
+        await asyncio.sleep(arrivals.expovariate(rate))
+    records = list(await asyncio.gather(*in_flight))
     return records, time.perf_counter() - started
 
 

@@ -188,6 +188,29 @@ async def test_run_load_keeps_concurrency_and_runs_n_requests() -> None:
     assert sorted(r.tokens for r in records) == [1] * 5 + [2] * 4
 
 
+async def test_run_open_loop_does_not_wait_for_requests_to_end() -> None:
+    import asyncio
+
+    from benchmarks.bench_clients import run_open_loop
+
+    in_flight = 0
+    peak = 0
+
+    async def slow(prompt: PromptCase) -> RequestRecord:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)  # far longer than the mean gap between arrivals (1 ms)
+        in_flight -= 1
+        return RequestRecord(start=0.0, end=0.0, tokens=len(prompt.text))
+
+    prompts = [PromptCase("a", ()), PromptCase("bb", ())]
+    records, wall = await run_open_loop(slow, prompts, n=20, rate=1000.0, seed=3)
+    assert len(records) == 20 and sorted(r.tokens for r in records) == [1] * 10 + [2] * 10
+    assert peak > 5  # a closed loop of any concurrency below 6 could not reach this
+    assert wall >= 0.05
+
+
 async def test_sse_events_are_split_from_raw_bytes_across_chunks() -> None:
     from benchmarks.bench_clients import _sse_events
 
