@@ -35,8 +35,10 @@ class APIError(BentoMLException):
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message, error_code=HTTPStatus(status))
-        self.message = message
-        self.status = status
+
+    @property
+    def status(self) -> int:
+        return int(self.error_code)
 
 
 # Set by NativeErrorMiddleware for one request: the APIError the API raised, if any. A mutable
@@ -62,7 +64,7 @@ def as_api_error(error: Exception) -> APIError:
 
 def json_error(api_error: APIError) -> JSONResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if api_error.status in (429, 503) else None
-    return JSONResponse({"error": api_error.message}, status_code=api_error.status, headers=headers)
+    return JSONResponse({"error": str(api_error)}, status_code=api_error.status, headers=headers)
 
 
 def error_response(error: Exception) -> JSONResponse:
