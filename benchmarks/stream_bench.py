@@ -161,6 +161,18 @@ class Run:
     cpu: list[CpuComparison] = field(default_factory=list)
 
 
+async def load_with_cpu(
+    request: RequestFn, prompts: Sequence[PromptCase], n: int, cell: Cell, name: str,
+    cpu_clock: Callable[[], float] | None,
+) -> TargetSummary:  # fmt: skip
+    """run_load, summarized, with the CPU seconds `cpu_clock` counted over it (None: not
+    measured)."""
+    before = cpu_clock() if cpu_clock is not None else None
+    records, wall = await run_load(request, prompts, n, cell.concurrency)
+    cpu_s = cpu_clock() - before if cpu_clock is not None and before is not None else None
+    return summarize(name, cell.label, cell.concurrency, records, wall, cpu_s)
+
+
 async def measure(
     run: Run,
     name: str,
@@ -177,10 +189,7 @@ async def measure(
     )
     if warmup:
         await run_load(request, prompts, warmup, min(warmup, cell.concurrency))
-    cpu_before = cpu_clock() if cpu_clock is not None else None
-    records, wall = await run_load(request, prompts, n, cell.concurrency)
-    cpu_s = cpu_clock() - cpu_before if cpu_clock is not None and cpu_before is not None else None
-    summary = summarize(name, cell.label, cell.concurrency, records, wall, cpu_s)
+    summary = await load_with_cpu(request, prompts, n, cell, name, cpu_clock)
     run.summaries.append(summary)
     print(
         f"  {cell.label:<22} {name:<24} {summary.tokens_per_s:8.0f} tok/s  "
@@ -232,16 +241,16 @@ async def measure_http(
 
 
 async def _cpu_us_per_token(
-    request: RequestFn, prompts: Sequence[PromptCase], n: int, concurrency: int,
+    request: RequestFn, prompts: Sequence[PromptCase], n: int, cell: Cell, name: str,
     cpu_clock: Callable[[], float],
 ) -> float:  # fmt: skip
-    before = cpu_clock()
-    records, _ = await run_load(request, prompts, n, concurrency)
-    used = cpu_clock() - before
-    failed = [r.error for r in records if r.error is not None]
-    if failed:
-        raise RuntimeError(f"{len(failed)} requests failed while measuring CPU: {failed[0]}")
-    return used * 1e6 / max(1, sum(r.tokens for r in records))
+    summary = await load_with_cpu(request, prompts, n, cell, name, cpu_clock)
+    if summary.errors or summary.cpu_us_per_token is None:
+        raise RuntimeError(
+            f"{name}: no CPU figure ({summary.errors} requests failed, "
+            f"{summary.output_tokens} tokens): {summary.first_error}"
+        )
+    return summary.cpu_us_per_token
 
 
 async def compare_cpu(
@@ -261,11 +270,11 @@ async def compare_cpu(
             native = TextStream(client, f"{service.url}/generate", run.args.max_tokens, "decode")
             for _ in range(rounds):
                 comparison.client_us.append(
-                    await _cpu_us_per_token(direct, prompts, n, cell.concurrency, own_cpu_s)
+                    await _cpu_us_per_token(direct, prompts, n, cell, "grpc_direct", own_cpu_s)
                 )
                 comparison.service_us.append(
                     await _cpu_us_per_token(
-                        native, prompts, n, cell.concurrency, service.serving_cpu_s
+                        native, prompts, n, cell, "native[direct]", service.serving_cpu_s
                     )
                 )
     finally:
