@@ -168,46 +168,41 @@ def test_judge_text_complete_short_and_mismatch() -> None:
     assert judge_text("abc", None, 10, chunks=4) == (4, True, False)  # no expectation: chunks
 
 
-async def test_run_load_keeps_concurrency_and_runs_n_requests() -> None:
-    import asyncio
+class FakeRequest:
+    """A request that takes `seconds` and records how many ran at once; tokens = prompt length."""
 
-    in_flight = 0
-    peak = 0
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.in_flight = 0
+        self.peak = 0
 
-    async def fake(prompt: PromptCase) -> RequestRecord:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.001)
-        in_flight -= 1
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        import asyncio
+
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(self.seconds)
+        self.in_flight -= 1
         return RequestRecord(start=0.0, end=0.0, tokens=len(prompt.text))
 
-    prompts = [PromptCase("a", ()), PromptCase("bb", ())]
-    records, wall = await run_load(fake, prompts, n=9, concurrency=3)
-    assert len(records) == 9 and peak == 3 and wall > 0
+
+PROMPTS = [PromptCase("a", ()), PromptCase("bb", ())]
+
+
+async def test_run_load_keeps_concurrency_and_runs_n_requests() -> None:
+    fake = FakeRequest(0.001)
+    records, wall = await run_load(fake, PROMPTS, n=9, concurrency=3)
+    assert len(records) == 9 and fake.peak == 3 and wall > 0
     assert sorted(r.tokens for r in records) == [1] * 5 + [2] * 4
 
 
 async def test_run_open_loop_does_not_wait_for_requests_to_end() -> None:
-    import asyncio
-
     from benchmarks.bench_clients import run_open_loop
 
-    in_flight = 0
-    peak = 0
-
-    async def slow(prompt: PromptCase) -> RequestRecord:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.05)  # far longer than the mean gap between arrivals (1 ms)
-        in_flight -= 1
-        return RequestRecord(start=0.0, end=0.0, tokens=len(prompt.text))
-
-    prompts = [PromptCase("a", ()), PromptCase("bb", ())]
-    records, wall = await run_open_loop(slow, prompts, n=20, rate=1000.0, seed=3)
+    slow = FakeRequest(0.05)  # far longer than the mean gap between arrivals (1 ms)
+    records, wall = await run_open_loop(slow, PROMPTS, n=20, rate=1000.0, seed=3)
     assert len(records) == 20 and sorted(r.tokens for r in records) == [1] * 10 + [2] * 10
-    assert peak > 5  # a closed loop of any concurrency below 6 could not reach this
+    assert slow.peak > 5  # a closed loop of any concurrency below 6 could not reach this
     assert wall >= 0.05
 
 
