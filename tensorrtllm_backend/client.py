@@ -1,12 +1,16 @@
 """One long-lived async gRPC client to the local tritonserver.
 
 Every generation is a streaming call (``ModelStreamInfer``) over one shared channel, also for
-non-streaming APIs, so there is a single request path. Leaving the iteration early (client
-disconnect, stop string) cancels the gRPC call, which Triton turns into a cancelled request.
+non-streaming APIs, so there is a single request path. Leaving the iteration early cancels the
+gRPC call, which Triton turns into a cancelled request. A stream that is about to end on its own
+(cut at a stop string the engine also got, or a few tokens short of max_tokens) is better handed
+to :meth:`TritonLLMClient.let_finish`: a cancellation that races with the request's own end
+crashes tritonserver before r24.12 (server#7840), and the end costs the engine nothing more.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -64,15 +68,55 @@ def make_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput
     return inputs
 
 
+# How long a stream handed to let_finish may run on before it is cancelled after all.
+DRAIN_RESPONSES = 4
+DRAIN_TIMEOUT_S = 5.0
+
+
+async def _drain(responses: AsyncIterator[Any], max_responses: int, timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            received = 0
+            async for _ in responses:
+                received += 1
+                if received > max_responses:
+                    break
+    except (TimeoutError, TritonClientError):
+        pass  # nobody waits for this stream's answer any more
+    finally:
+        aclose = getattr(responses, "aclose", None)
+        if aclose is not None:
+            await aclose()  # cancels the request if it is still running
+
+
 class TritonLLMClient:
     """Async streaming inference against one tritonserver, shared by all requests."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+        self._finishing: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        for task in list(self._finishing):
+            task.cancel()
+        await asyncio.gather(*self._finishing, return_exceptions=True)
         await self._client.close()
+
+    def let_finish(
+        self,
+        responses: AsyncIterator[Any],
+        max_responses: int = DRAIN_RESPONSES,
+        timeout_s: float = DRAIN_TIMEOUT_S,
+    ) -> None:
+        """Read and drop the rest of a stream the caller no longer needs, in the background.
+
+        The stream is cancelled only if it has not ended after `max_responses` more responses or
+        `timeout_s`, i.e. when it was not near its end after all.
+        """
+        task = asyncio.get_running_loop().create_task(_drain(responses, max_responses, timeout_s))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     async def stream(
         self,

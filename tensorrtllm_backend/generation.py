@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from .client import TritonLLMClient, TritonModelError
+from .client import DRAIN_RESPONSES, TritonLLMClient, TritonModelError
 from .engine import EngineInfo
 from .lora import LoraAdapter, LoraRegistry
 from .metrics import GenerationMetrics
@@ -33,6 +33,7 @@ from .translation import (
     TokenIds,
     direct_outputs,
     direct_tensors,
+    engine_stop_words,
     new_token_ids,
     response_log_probs,
     response_text,
@@ -229,29 +230,35 @@ class Generator:
         several = len(sequences) > 1
         running = len(sequences)
         failure: BaseException | None = None
+        results = self._results(request)
+        results_open = True
         try:
             if not params.exclude_input_in_output:
                 for sequence in sequences:
                     yield GenerationChunk(text=request.prompt, index=sequence.index)
-            async with aclosing(self._results(request)) as results:
-                async for result in results:
-                    sequence = sequences[sequence_index(result)] if several else sequences[0]
-                    if sequence.stopped:
-                        continue  # cut at a stop string; the engine still runs its siblings
-                    text, token_ids, count, log_probs = sequence.decode(result)
-                    sequence.generated += count
-                    if tracker is not None:
-                        tracker.tokens(count)
-                    stops = sequence.stops
-                    emit, stopped = stops.feed(text) if stops.active else (text, False)
-                    if emit or count:
-                        yield GenerationChunk(
-                            emit, token_ids, log_probs, token_count=count, index=sequence.index
-                        )
-                    if stopped:
-                        running -= 1
-                        if not running:
-                            break  # leaving the loop cancels the Triton request
+            async for result in results:
+                sequence = sequences[sequence_index(result)] if several else sequences[0]
+                if sequence.stopped:
+                    continue  # cut at a stop string; the engine still runs its siblings
+                text, token_ids, count, log_probs = sequence.decode(result)
+                sequence.generated += count
+                if tracker is not None:
+                    tracker.tokens(count)
+                stops = sequence.stops
+                emit, stopped = stops.feed(text) if stops.active else (text, False)
+                if emit or count:
+                    yield GenerationChunk(
+                        emit, token_ids, log_probs, token_count=count, index=sequence.index
+                    )
+                if stopped:
+                    running -= 1
+                    if not running:
+                        # The engine got the stop words too and normally ends the stream itself
+                        # within a response or two: let it, rather than race it with a cancel.
+                        self.client.let_finish(results)
+                        results_open = False
+                        break
+            results_open = False  # exhausted, or handed over
             for sequence in sequences:
                 yield sequence.last_chunk(params.max_tokens)
             if tracker is not None:
@@ -260,8 +267,22 @@ class Generator:
             failure = error
             raise
         finally:
+            if results_open:
+                await self._release(results, sequences, params.max_tokens)
             if tracker is not None:
                 tracker.close(failure)
+
+    async def _release(
+        self, results: AsyncIterator[InferResult], sequences: list[_Sequence], max_tokens: int
+    ) -> None:
+        """Stop a Triton stream the caller left early (disconnect, error): cancel it, unless it
+        would end on its own within a few responses anyway (see TritonLLMClient.let_finish)."""
+        tokens_left = sum(max(0, max_tokens - sequence.generated) for sequence in sequences)
+        # +1: a stream may end with an empty final response.
+        if tokens_left + len(sequences) <= DRAIN_RESPONSES:
+            self.client.let_finish(results)
+        else:
+            await results.aclose()
 
     def _sequence(self, index: int, params: SamplingParams) -> _Sequence:
         decoder = (
@@ -325,7 +346,7 @@ class Generator:
             prompt_ids=request.prompt_ids,
             end_id=end_id,
             pad_id=pad_id if pad_id is not None else end_id,
-            stop_words_ids=encode_word_lists(self.tokenizer, [params.stop])
+            stop_words_ids=encode_word_lists(self.tokenizer, [engine_stop_words(params.stop)])
             if params.stop
             else None,
             bad_words_ids=(

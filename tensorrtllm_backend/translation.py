@@ -119,6 +119,22 @@ def direct_outputs(params: SamplingParams) -> list[str]:
     return ["output_ids", "sequence_length", *_optional_outputs(params)]
 
 
+def engine_stop_words(stops: Sequence[str]) -> list[str]:
+    """The stop strings as sent to the engine: each also with a leading space.
+
+    The engine matches token ids, and a BPE tokenizer encodes a word inside a text with its
+    leading space ("Ġwhen"), not as the word alone ("when"). With the space variant the engine ends
+    the request where the service's text-level check cuts it, instead of running on until the
+    service cancels it. The variant can only match where the text check has already cut (it
+    contains the stop string), and one that never occurs costs nothing.
+    """
+    words = dict.fromkeys(stops)
+    for stop in stops:
+        if not stop[:1].isspace():
+            words.setdefault(" " + stop)
+    return list(words)
+
+
 def text_tensors(
     prompt: str, params: SamplingParams, end_id: int | None, lora: LoraTensors | None = None
 ) -> dict[str, np.ndarray]:
@@ -137,7 +153,9 @@ def text_tensors(
     if params.pad_id is not None:
         tensors["pad_id"] = _scalar(params.pad_id, np.int32)
     if params.stop:
-        tensors["stop_words"] = np.array([[w.encode() for w in params.stop]], dtype=np.object_)
+        tensors["stop_words"] = np.array(
+            [[w.encode() for w in engine_stop_words(params.stop)]], dtype=np.object_
+        )
     if params.bad_words:
         tensors["bad_words"] = np.array([[w.encode() for w in params.bad_words]], dtype=np.object_)
     if lora is not None:

@@ -154,6 +154,35 @@ def test_client_disconnect_stops_the_engine(slow_metrics_server) -> None:
         assert generated < 60, f"{path}: {generated} tokens generated for a dropped stream"
 
 
+def test_stop_string_lets_the_engine_end_the_request(slow_metrics_server) -> None:
+    """The engine gets the stop words too and ends the request itself at the stop string; the
+    service must not cancel it as well: a cancellation racing with the request's own end crashes
+    tritonserver 2.51 (server#7840)."""
+    server, metrics_port = slow_metrics_server
+    body = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True}
+    full = httpx.post(f"{server.url}/generate_text", json=body, timeout=60).json()["text"]
+    stop = full.split()[len(full.split()) // 2]
+    before = engine_metrics(metrics_port)
+    cut = httpx.post(f"{server.url}/generate_text", json={**body, "stop": [stop]}, timeout=60)
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["finish_reason"] == "stop" and full.startswith(cut.json()["text"])
+
+    def settled() -> bool:
+        return engine_metrics(metrics_port)["trtllm_cpu_engine_active_requests"] == 0
+
+    assert wait_for(settled, 5.0)
+    after = engine_metrics(metrics_port)
+    assert (
+        after["trtllm_cpu_engine_cancelled_requests_total"]
+        == before["trtllm_cpu_engine_cancelled_requests_total"]
+    )
+    generated = (
+        after["trtllm_cpu_engine_generated_tokens_total"]
+        - before["trtllm_cpu_engine_generated_tokens_total"]
+    )
+    assert generated < body["max_tokens"], "the engine ran on past the stop string"
+
+
 def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
     server, _ = slow_metrics_server
     native = StreamWatch(server, "/generate", LONG)

@@ -19,7 +19,7 @@ from tensorrtllm_backend.schemas import (
     SamplingParams,
     SequenceResult,
 )
-from tensorrtllm_backend.translation import direct_outputs, text_outputs
+from tensorrtllm_backend.translation import direct_outputs, engine_stop_words, text_outputs
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
 
@@ -95,3 +95,34 @@ def test_result_response_lists_sequences_only_when_several() -> None:
     assert response.cum_log_prob == -0.75
     assert [s.text for s in response.sequences or []] == ["a", "b"]
     assert [s.cum_log_prob for s in response.sequences or []] == [-0.75, -1.0]
+
+
+@pytest.mark.parametrize(
+    ("stops", "sent"),
+    [
+        (["when"], ["when", " when"]),
+        ([" when"], [" when"]),  # already spaced
+        (["\n\n"], ["\n\n"]),
+        (["a", " a", "b"], ["a", " a", "b", " b"]),  # no duplicates, order kept
+    ],
+)
+def test_engine_gets_each_stop_string_with_a_leading_space_too(
+    stops: list[str], sent: list[str]
+) -> None:
+    assert engine_stop_words(stops) == sent
+
+
+def test_stop_words_reach_the_engine_on_every_route(tokenizer) -> None:
+    params = SamplingParams(stop=["fox"])
+    for route in Route:
+        generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route)
+        tensors, _ = generator._triton_inputs(generator.prepare("The", params), False)
+        if route is Route.DIRECT:
+            ids, offsets = tensors["stop_words_list"][0]
+            words, start = [], 0
+            for end in offsets[offsets >= 0]:
+                words.append(tokenizer.decode(ids[start:end].tolist()))
+                start = end
+            assert words == ["fox", " fox"]
+        else:
+            assert tensors["stop_words"].tolist() == [[b"fox", b" fox"]]
