@@ -55,7 +55,7 @@ from benchmarks.bench_clients import (
 )
 from benchmarks.bench_procs import BENCH_DIR, ROOT, PackedModel, Processes, Service
 from benchmarks.bench_stats import (
-    CpuComparison,
+    InterleavedRounds,
     TargetSummary,
     add_ratios,
     check_goals,
@@ -131,10 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--warmup", type=int, help="unmeasured requests before each target")
     parser.add_argument(
+        "--rounds",
         "--cpu-rounds",
+        dest="rounds",
         type=int,
         help="alternating rounds of bare gRPC client / native against the service's own "
-        "tritonserver, for the serving-layer CPU figure (default 3, 1 with --quick, 0: none)",
+        "tritonserver, which the goals comparing the two use (default 3, 1 with --quick, 0: none)",
     )
     parser.add_argument(
         "--cold-start",
@@ -158,7 +160,7 @@ class Run:
     summaries: list[TargetSummary] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    cpu: list[CpuComparison] = field(default_factory=list)
+    interleaved: list[InterleavedRounds] = field(default_factory=list)
 
 
 async def load_with_cpu(
@@ -240,51 +242,60 @@ async def measure_http(
                 await measure(run, f"openai[{label}]", cell, openai, prompts, cpu)
 
 
-async def _cpu_us_per_token(
+async def _round(
     request: RequestFn, prompts: Sequence[PromptCase], n: int, cell: Cell, name: str,
     cpu_clock: Callable[[], float],
-) -> float:  # fmt: skip
+) -> TargetSummary:  # fmt: skip
     summary = await load_with_cpu(request, prompts, n, cell, name, cpu_clock)
     if summary.errors or summary.cpu_us_per_token is None:
         raise RuntimeError(
             f"{name}: no CPU figure ({summary.errors} requests failed, "
             f"{summary.output_tokens} tokens): {summary.first_error}"
         )
-    return summary.cpu_us_per_token
+    return summary
 
 
-async def compare_cpu(
+async def interleaved_rounds(
     run: Run, cell: Cell, service: Service, prompts: Sequence[PromptCase], pad_id: int,
     rounds: int,
 ) -> None:  # fmt: skip
-    """The serving layer's own CPU per token: a bare gRPC client and the native stream, in
-    alternating rounds against the same tritonserver (the service's), so that slow phases of a
-    shared machine hit both alike."""
+    """A bare gRPC client and the native stream in alternating rounds against the same
+    tritonserver (the service's), so that slow phases of a shared machine hit both alike: the
+    service's cost over direct gRPC (tokens/s, TTFT, CPU per token) without the drift between
+    two measurements minutes apart."""
     if service.triton_grpc_url is None:
         return
     n = requests_for(cell, False, run.args.requests)
-    comparison = CpuComparison(cell.label)
+    paired = InterleavedRounds(cell.label)
     direct = GrpcDirect(service.triton_grpc_url, run.args.max_tokens, pad_id)
     try:
         async with http_client(cell.concurrency) as client:
             native = TextStream(client, f"{service.url}/generate", run.args.max_tokens, "decode")
             for _ in range(rounds):
-                comparison.client_us.append(
-                    await _cpu_us_per_token(direct, prompts, n, cell, "grpc_direct", own_cpu_s)
+                paired.client.append(
+                    await _round(direct, prompts, n, cell, "grpc_direct", own_cpu_s)
                 )
-                comparison.service_us.append(
-                    await _cpu_us_per_token(
-                        native, prompts, n, cell, "native[direct]", service.serving_cpu_s
-                    )
+                paired.service.append(
+                    await _round(native, prompts, n, cell, "native[direct]", service.serving_cpu_s)
                 )
     finally:
         await direct.close()
-    run.cpu.append(comparison)
+    run.interleaved.append(paired)
+
+    def each(summaries: list[TargetSummary], value: Callable[[TargetSummary], float | None]) -> str:
+        return "/".join(format_number(value(summary), 0) for summary in summaries)
+
     print(
-        f"  {cell.label:<22} CPU us/token in {rounds} rounds: bare gRPC client "
-        f"{'/'.join(f'{v:.0f}' for v in comparison.client_us)}, native "
-        f"{'/'.join(f'{v:.0f}' for v in comparison.service_us)}; added (median) "
-        f"{format_number(comparison.added_median, 0)} us",
+        f"  {cell.label:<22} {rounds} interleaved rounds, bare gRPC client vs native: "
+        f"tok/s {each(paired.client, lambda s: s.tokens_per_s)} vs "
+        f"{each(paired.service, lambda s: s.tokens_per_s)}, "
+        f"TTFT p50 ms {each(paired.client, lambda s: s.ttft_ms.p50)} vs "
+        f"{each(paired.service, lambda s: s.ttft_ms.p50)}, "
+        f"CPU us/tok {each(paired.client, lambda s: s.cpu_us_per_token)} vs "
+        f"{each(paired.service, lambda s: s.cpu_us_per_token)}; medians: "
+        f"{format_number(paired.tokens_ratio_median, 3)}x tok/s, "
+        f"TTFT +{format_number(paired.ttft_delta_median)} ms, "
+        f"CPU +{format_number(paired.added_median, 0)} us/tok",
         flush=True,
     )
 
@@ -384,24 +395,25 @@ def run_local(run: Run, procs: Processes) -> None:
                 asyncio.run(
                     measure_http(run, group, service, prompts, targets, route, expect, name)
                 )
-                rounds = cpu_rounds(args)
+                rounds = interleaved_round_count(args)
                 if route == "direct" and rounds and {"grpc_direct", "native"} <= targets:
                     for cell in group:
-                        asyncio.run(compare_cpu(run, cell, service, prompts, pad_id, rounds))
+                        asyncio.run(interleaved_rounds(run, cell, service, prompts, pad_id, rounds))
             finally:
                 procs.stop_service(service)
     if args.cold_start if args.cold_start is not None else not args.quick:
         measure_demo_cold_start(run, procs)
 
 
-def cpu_rounds(args: argparse.Namespace) -> int:
-    if args.cpu_rounds is not None:
-        return max(0, int(args.cpu_rounds))
+def interleaved_round_count(args: argparse.Namespace) -> int:
+    if args.rounds is not None:
+        return max(0, int(args.rounds))
     return 1 if args.quick else 3
 
 
 def spawn_trtllm(procs: Processes, model: PackedModel, route: str, name: str = "trtllm") -> Service:
-    """The service on a free port, its tritonserver's gRPC on a known one (for compare_cpu)."""
+    """The service on a free port, its tritonserver's gRPC on a known one (for the interleaved
+    rounds)."""
     grpc_port = find_free_port()
     service = procs.spawn_service(
         f"{name}-{route}", "service:TRTLLM", ROOT,
@@ -481,7 +493,7 @@ def report(run: Run, started: float) -> dict[str, Any]:
     print(format_table(summaries))
     zero = Cell(0.0, 64).label
     high = Cell(20.0, 128).label
-    goals = check_goals(summaries, "native[direct]", "openai[direct]", high, zero, run.cpu)
+    goals = check_goals(summaries, "native[direct]", "openai[direct]", high, zero, run.interleaved)
     if goals and not args.url:
         print("\nIssue 6 targets (informational):")
         print(format_goals(goals))
@@ -506,7 +518,7 @@ def report(run: Run, started: float) -> dict[str, Any]:
             "url": args.url,
         },  # fmt: skip
         "results": [s.as_dict() for s in summaries],
-        "cpu_rounds": [c.as_dict() for c in run.cpu],
+        "interleaved_rounds": [rounds.as_dict() for rounds in run.interleaved],
         "goals": [
             {"name": g.name, "cell": g.cell, "passed": g.passed, "detail": g.detail} for g in goals
         ],

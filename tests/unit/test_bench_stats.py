@@ -10,9 +10,10 @@ import pytest
 from benchmarks.bench_clients import PromptCase, judge_text, run_load
 from benchmarks.bench_stats import (
     COLUMNS,
-    CpuComparison,
     Distribution,
+    InterleavedRounds,
     RequestRecord,
+    TargetSummary,
     add_ratios,
     check_goals,
     format_goals,
@@ -138,21 +139,63 @@ def test_cpu_per_token_and_the_serving_layer_goal() -> None:
     assert goals["serving-layer CPU <= 25 us/token over a bare gRPC client"].passed is False
 
 
-def test_the_serving_layer_goal_prefers_interleaved_rounds() -> None:
+def one_round(
+    target: str, cell: str, tokens_per_s: float, ttft_s: float, cpu_us: float
+) -> TargetSummary:
+    """A summary of 100 tokens in 1 / tokens_per_s * 100 seconds, first token after ttft_s."""
+    wall = 100 / tokens_per_s
+    return summarize(target, cell, 64, [record(0.0, ttft_s, wall, 100)], wall, cpu_us * 1e-4)
+
+
+def test_the_goals_comparing_with_direct_prefer_interleaved_rounds() -> None:
     zero, high = "ITL 0 ms, C=64", "ITL 20 ms, C=128"
-    # The separate measurements say 40 us; three back-to-back rounds say 10, 30 and 20 us.
-    direct = summarize("grpc_direct", zero, 64, [record(0.0, 0.01, 1.0, 100)], 1.0, cpu_s=0.012)
-    native = summarize("native[direct]", zero, 64, [record(0.0, 0.01, 1.0, 100)], 1.0, 0.016)
-    rounds = CpuComparison(zero, client_us=[120.0, 130.0, 125.0], service_us=[130.0, 160.0, 145.0])
-    assert rounds.added_median == pytest.approx(20.0)
-    assert rounds.client_median == pytest.approx(125.0)
-    goals = check_goals([direct, native], "native[direct]", "o", high, zero, [rounds])
-    goal = next(g for g in goals if g.name.startswith("serving-layer CPU"))
-    assert goal.passed is True
-    assert goal.detail == (
-        "20 us (service 145, bare gRPC client 125, median of 3 interleaved rounds)"
-    )
-    assert rounds.as_dict()["added_median_us"] == pytest.approx(20.0)
+    # Separate measurements: 40 us added, 0.80x tokens/s, TTFT +30 ms. Three back-to-back rounds:
+    # 10/30/20 us, 0.99/0.95/0.98x and +2/+8/+4 ms.
+    separate = [one_round("grpc_direct", cell, 1000.0, 0.010, 120.0) for cell in (zero, high)] + [
+        one_round("native[direct]", cell, 800.0, 0.040, 160.0) for cell in (zero, high)
+    ]
+    add_ratios(separate)
+    rounds = {
+        cell: InterleavedRounds(
+            cell,
+            client=[
+                one_round("grpc_direct", cell, 1000.0, 0.010, 120.0),
+                one_round("grpc_direct", cell, 1000.0, 0.012, 130.0),
+                one_round("grpc_direct", cell, 1000.0, 0.011, 125.0),
+            ],
+            service=[
+                one_round("native[direct]", cell, 990.0, 0.012, 130.0),
+                one_round("native[direct]", cell, 950.0, 0.020, 160.0),
+                one_round("native[direct]", cell, 980.0, 0.015, 145.0),
+            ],
+        )
+        for cell in (zero, high)
+    }
+    paired = rounds[zero]
+    assert paired.added_median == pytest.approx(20.0)
+    assert paired.client_median == pytest.approx(125.0)
+    assert paired.tokens_ratio_median == pytest.approx(0.98)
+    assert paired.ttft_delta_median == pytest.approx(4.0)
+    goals = {
+        g.name: g
+        for g in check_goals(separate, "native[direct]", "o", high, zero, list(rounds.values()))
+    }
+    cpu = goals["serving-layer CPU <= 25 us/token over a bare gRPC client"]
+    assert cpu.passed is True
+    assert cpu.detail == "20 us (service 145, bare gRPC client 125, median of 3 interleaved rounds)"
+    tokens = goals["native tok/s >= 0.97x direct"]
+    assert tokens.passed is True and tokens.cell == high
+    assert tokens.detail == "0.980x (median of 3 interleaved rounds; separate runs 0.800x)"
+    ttft = goals["native TTFT p50 <= direct + 5 ms"]
+    assert ttft.passed is True
+    assert ttft.detail == "4.0 ms (median of 3 interleaved rounds; separate runs 30.0 ms)"
+    figures = paired.as_dict()
+    assert figures["added_median_us"] == pytest.approx(20.0)
+    assert [r["tokens_per_s"] for r in figures["service"]] == pytest.approx([990.0, 950.0, 980.0])
+    # Without rounds the same goals fall back on the separate measurements.
+    goals = {g.name: g for g in check_goals(separate, "native[direct]", "o", high, zero)}
+    assert goals["native tok/s >= 0.97x direct"].passed is False
+    assert goals["native TTFT p50 <= direct + 5 ms"].detail == "30.0 ms"
 
 
 def test_goals_without_measurements_are_not_applicable() -> None:
