@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.deployment import (
     lengthen_keep_alive,
+    log_server_errors_once,
     model_tag,
     resources,
     tracing_config,
@@ -44,6 +45,7 @@ logger = logging.getLogger("bentoml.trtllm")
 
 MODEL_TAG = model_tag()
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
+log_server_errors_once()
 
 
 def _current_service() -> TRTLLM | None:

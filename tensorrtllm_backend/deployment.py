@@ -1,9 +1,11 @@
 """Deployment-time choices made when service.py is imported: which stored model to serve, what
-resources to ask BentoML / BentoCloud for, and the HTTP server's keep-alive timeout."""
+resources to ask BentoML / BentoCloud for, the HTTP server's keep-alive timeout and its error
+log."""
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
@@ -92,3 +94,17 @@ def lengthen_keep_alive() -> None:
 
     init._trtllm_keep_alive = True  # type: ignore[attr-defined]
     uvicorn.Config.__init__ = init  # type: ignore[method-assign]
+
+
+def log_server_errors_once() -> None:
+    """Print each of the HTTP server's errors once.
+
+    BentoML 1.4's server logging gives `uvicorn.error` a handler and also lets it propagate to
+    the root logger, which has the same handler: a failed startup's traceback and "Application
+    startup failed" appeared twice, at every restart. Propagation is turned off only in exactly
+    that case, so the records still reach the shared handler once.
+    """
+    server_errors = logging.getLogger("uvicorn.error")
+    shared = set(server_errors.handlers) & set(logging.getLogger().handlers)
+    if server_errors.propagate and shared:
+        server_errors.propagate = False

@@ -345,6 +345,10 @@ def test_triton_failing_to_load_the_model_shows_its_log(
     # The service's own check passes; tritonserver's CPU engine refuses: the error must carry
     # the cause from Triton's log.
     _fails_clearly(server, ("TritonStartupError", "warp-drive", "tensorrt_llm"))
+    # Each failed start is printed once (BentoML's logging printed server errors twice).
+    log = wait_for_log(server, "Application startup failed")
+    assert log.count("Traceback (most recent call last)") <= log.count("Running startup hook")
+    assert log.count("Application startup failed") <= log.count("Running startup hook")
 
 
 def test_unreadable_engine_config_is_named(
