@@ -81,8 +81,9 @@ async def _drain(responses: AsyncIterator[Any], max_responses: int, timeout_s: f
                 received += 1
                 if received > max_responses:
                     break
-    except (TimeoutError, TritonClientError):
-        pass  # nobody waits for this stream's answer any more
+    except Exception as error:  # TimeoutError, TritonClientError, ...
+        # Nobody waits for this stream's answer any more.
+        logger.debug("a stream left to finish ended with %s: %s", type(error).__name__, error)
     finally:
         aclose = getattr(responses, "aclose", None)
         if aclose is not None:
