@@ -4,6 +4,7 @@ and text out through NVIDIA's client-facing tensors."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 
 import httpx
@@ -64,3 +65,31 @@ def test_text_routes_behave_like_direct(
     else:
         refused = httpx.post(f"{routed.url}/generate_text", json=several, timeout=60)
         assert refused.status_code == 400 and "sequence_index" in refused.text
+
+
+def test_concurrent_stop_strings_keep_tritonserver_up(
+    demo_model: str, bento_server_factory: Callable[..., BentoServer]
+) -> None:
+    """Cutting a stream at a stop string used to cancel it just as the engine, which had the same
+    stop words, ended it: under concurrency that race crashed tritonserver 2.51 within seconds
+    (server#7840). The cut streams are now left to end."""
+    server = bento_server_factory(demo_model, env={"TRTLLM_ROUTE": "ensemble"})
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    expected = httpx.post(f"{server.url}/generate_text", json=body, timeout=60).json()["text"]
+    stop = expected.strip().split()[len(expected.split()) // 2]
+    (triton,) = [p for p in server.tritons() if "tritonserver" in p.cmdline()[0]]
+    statuses: list[int] = []
+
+    def cut_repeatedly() -> None:
+        with httpx.Client(timeout=60) as client:
+            for _ in range(60):
+                response = client.post(f"{server.url}/generate_text", json={**body, "stop": [stop]})
+                statuses.append(response.status_code)
+
+    threads = [threading.Thread(target=cut_repeatedly) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert statuses.count(200) == len(statuses) == 240, sorted(set(statuses))
+    assert triton.is_running(), "tritonserver died (and was restarted)"
