@@ -335,7 +335,11 @@ class Generator:
             lora = LoraTensors(request.lora.task_id, weights, config)
         if self.route is Route.DIRECT:
             return direct_tensors(params, self._token_ids(request), lora), direct_outputs(params)
-        return text_tensors(request.prompt, params, params.end_id, lora), text_outputs(params)
+        # The ensemble hands stop words to the engine only, so it gets the variants too; the BLS
+        # also cuts its text at them, which must happen at the stop strings as sent.
+        stop_words = engine_stop_words(params.stop) if self.route is Route.ENSEMBLE else None
+        tensors = text_tensors(request.prompt, params, params.end_id, lora, stop_words)
+        return tensors, text_outputs(params)
 
     def _token_ids(self, request: PreparedRequest) -> TokenIds:
         params = request.params

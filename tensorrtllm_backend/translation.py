@@ -136,9 +136,16 @@ def engine_stop_words(stops: Sequence[str]) -> list[str]:
 
 
 def text_tensors(
-    prompt: str, params: SamplingParams, end_id: int | None, lora: LoraTensors | None = None
+    prompt: str,
+    params: SamplingParams,
+    end_id: int | None,
+    lora: LoraTensors | None = None,
+    stop_words: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Inputs of the ``ensemble`` / ``tensorrt_llm_bls`` models (NVIDIA's client-facing names)."""
+    """Inputs of the ``ensemble`` / ``tensorrt_llm_bls`` models (NVIDIA's client-facing names).
+
+    stop_words: the `stop_words` tensor, default `params.stop`.
+    """
     tensors = {
         "text_input": np.array([[prompt.encode()]], dtype=np.object_),
         "max_tokens": _scalar(params.max_tokens, np.int32),
@@ -152,10 +159,9 @@ def text_tensors(
         tensors["end_id"] = _scalar(end_id, np.int32)
     if params.pad_id is not None:
         tensors["pad_id"] = _scalar(params.pad_id, np.int32)
-    if params.stop:
-        tensors["stop_words"] = np.array(
-            [[w.encode() for w in engine_stop_words(params.stop)]], dtype=np.object_
-        )
+    stop_words = params.stop if stop_words is None else stop_words
+    if stop_words:
+        tensors["stop_words"] = np.array([[w.encode() for w in stop_words]], dtype=np.object_)
     if params.bad_words:
         tensors["bad_words"] = np.array([[w.encode() for w in params.bad_words]], dtype=np.object_)
     if lora is not None:
