@@ -97,6 +97,9 @@ class TritonLLMClient:
         self.url = url
         self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
         self._finishing: set[asyncio.Task[None]] = set()
+        # Progress, for the stall watchdog: streams open and responses received so far.
+        self.open_streams = 0
+        self.responses_received = 0
 
     async def close(self) -> None:
         for task in list(self._finishing):
@@ -144,8 +147,10 @@ class TritonLLMClient:
                 f"cannot reach tritonserver at {self.url}: {error}"
             ) from error
         finished = False
+        self.open_streams += 1
         try:
             async for result, error in responses:
+                self.responses_received += 1
                 if error is not None:
                     raise TritonModelError(f"{model_name}: {error.message()}")
                 if result is not None:
@@ -158,6 +163,7 @@ class TritonLLMClient:
                 ) from error
             raise TritonModelError(f"{model_name}: {error.details()}") from error
         finally:
+            self.open_streams -= 1
             if not finished:
                 # Early exit (stop string, disconnect, error): tell Triton to stop generating.
                 responses.cancel()

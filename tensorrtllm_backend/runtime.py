@@ -20,6 +20,7 @@ from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import localize_repository
 from .server import TritonServerConfig, TritonSupervisor
 from .tokenization import load_tokenizer
+from .watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class RuntimeSettings:
     http_port: int | None = None
     metrics_port: int | None = None
     startup_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0  # restart a Triton that answers nothing for this long; 0: off
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -56,6 +58,7 @@ class RuntimeSettings:
             http_port=_env_port("TRTLLM_TRITON_HTTP_PORT"),
             metrics_port=_env_port("TRTLLM_TRITON_METRICS_PORT"),
             startup_timeout_s=float(os.environ.get("TRTLLM_STARTUP_TIMEOUT_S", "600")),
+            stall_timeout_s=float(os.environ.get("TRTLLM_STALL_TIMEOUT_S", "120")),
         )
 
 
@@ -71,6 +74,7 @@ class LLMRuntime:
         self._client: TritonLLMClient | None = None
         self._generator: Generator | None = None
         self._run_dir: Path | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def served_model_name(self) -> str:
@@ -122,6 +126,14 @@ class LLMRuntime:
             self.loras,
             lora_supported=self.engine.kind == "tensorrt_llm" and self.engine.lora_enabled,
         )
+        if settings.stall_timeout_s > 0:
+            client = self._client
+            watchdog = StallWatchdog(
+                lambda: (client.open_streams, client.responses_received),
+                self._restart_stalled,
+                settings.stall_timeout_s,
+            )
+            self._watchdog = asyncio.ensure_future(watchdog.run())
         logger.info(
             "serving %s through %s (route %s)",
             self.model_root.name,
@@ -142,7 +154,15 @@ class LLMRuntime:
             return False
         return await asyncio.to_thread(self.supervisor.is_ready)
 
+    async def _restart_stalled(self, stalled_s: float) -> None:
+        if self.supervisor is not None:
+            reason = f"no response for {stalled_s:.0f} s (TRTLLM_STALL_TIMEOUT_S)"
+            await asyncio.to_thread(self.supervisor.restart, reason)
+
     async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._client is not None:
             await self._client.close()
             self._client = None

@@ -385,6 +385,16 @@ class TritonSupervisor:
             self._terminate(self._run, timeout_s)
         self._set_state(ServerState.STOPPED)
 
+    def restart(self, reason: str) -> None:
+        """Kill a tritonserver that is alive but not working; the watch loop starts a new one
+        (or reports FAILED when restarts are off)."""
+        run = self._run
+        if run is None or run.process.poll() is not None:
+            return
+        logger.error("restarting tritonserver: %s", reason)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.process.pid, signal.SIGKILL)
+
     def wait_ready(self, timeout_s: float) -> bool:
         return self._ready_event.wait(timeout_s)
 

@@ -4,6 +4,7 @@ must fail with a clear error. Every process started here is stopped here (see co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -236,6 +237,32 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
         "the native stream ended like a normal completion: the client cannot tell it failed "
         f"(got {len(native.text)} chars, no transport error)"
     )
+
+
+def test_wedged_tritonserver_is_restarted(bento_launcher, slow_synthetic_model: str) -> None:
+    """A tritonserver that is alive but answers nothing (here: SIGSTOP; seen for real when a
+    Python stub crashed) would leave every stream waiting: the watchdog restarts it."""
+    server = bento_launcher(slow_synthetic_model, {"TRTLLM_STALL_TIMEOUT_S": "3"}, wait=True)
+    wedged = tritonserver_of(server)
+    watch = StreamWatch(server, "/generate", LONG)
+    assert watch.started.wait(20)
+    os.kill(wedged.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        watch.thread.join(30)
+        assert not watch.thread.is_alive(), "the stream still waits on the wedged tritonserver"
+        assert watch.error is not None, "a cut stream must not look complete"
+        log = wait_for_log(server, "restarting tritonserver: no response for", 10)
+        assert "TRTLLM_STALL_TIMEOUT_S" in log
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            wedged.resume()
+    assert time.monotonic() - stopped_at < 30
+    wait_ready(server)
+    assert tritonserver_of(server).pid != wedged.pid
+    again = httpx.post(f"{server.url}/generate_text", json={"prompt": PROMPT, "max_tokens": 4},
+                       timeout=60)  # fmt: skip
+    assert again.status_code == 200, again.text
 
 
 def test_sigterm_drains_the_stream_and_leaves_nothing(slow_metrics_server) -> None:

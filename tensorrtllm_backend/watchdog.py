@@ -1,0 +1,54 @@
+"""Restart a tritonserver that stopped answering while requests wait on it.
+
+A process can be alive and still wedged: a crashed Python stub can leave the engine blocked on
+sending a response (seen with tritonserver 2.51's Python backend), and then every stream waits
+forever without an error. The supervisor only sees processes exit; this sees progress stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+logger = logging.getLogger(__name__)
+
+
+class StallWatchdog:
+    """Calls `on_stall` when streams are open but no response has arrived for `stall_s`.
+
+    `progress()` returns (open streams, responses received so far). Any response from any
+    stream counts as progress, so one long prefill among running streams is not a stall.
+    """
+
+    def __init__(
+        self,
+        progress: Callable[[], tuple[int, int]],
+        on_stall: Callable[[float], Awaitable[None]],
+        stall_s: float,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.progress = progress
+        self.on_stall = on_stall
+        self.stall_s = stall_s
+        self.interval_s = interval_s
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_count = -1
+        since = loop.time()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            open_streams, count = self.progress()
+            now = loop.time()
+            if not open_streams or count != last_count:
+                last_count, since = count, now
+                continue
+            if now - since >= self.stall_s:
+                logger.error(
+                    "tritonserver sent nothing for %.0f s while %d stream(s) waited on it",
+                    now - since,
+                    open_streams,
+                )
+                await self.on_stall(now - since)
+                last_count, since = -1, loop.time()
