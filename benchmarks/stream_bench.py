@@ -40,9 +40,6 @@ import psutil
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
-
 from benchmarks.bench_clients import (
     GrpcDirect,
     OpenAICompletions,

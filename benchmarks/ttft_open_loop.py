@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -27,9 +26,6 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 
 from benchmarks.bench_clients import (
     GrpcDirect,
