@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -73,7 +73,9 @@ DRAIN_RESPONSES = 4
 DRAIN_TIMEOUT_S = 5.0
 
 
-async def _drain(responses: AsyncIterator[Any], max_responses: int, timeout_s: float) -> None:
+async def _drain(
+    responses: AsyncGenerator[Any, None], max_responses: int, timeout_s: float
+) -> None:
     try:
         async with asyncio.timeout(timeout_s):
             received = 0
@@ -85,9 +87,7 @@ async def _drain(responses: AsyncIterator[Any], max_responses: int, timeout_s: f
         # Nobody waits for this stream's answer any more.
         logger.debug("a stream left to finish ended with %s: %s", type(error).__name__, error)
     finally:
-        aclose = getattr(responses, "aclose", None)
-        if aclose is not None:
-            await aclose()  # cancels the request if it is still running
+        await responses.aclose()  # cancels the request if it is still running
 
 
 class TritonLLMClient:
@@ -109,7 +109,7 @@ class TritonLLMClient:
 
     def let_finish(
         self,
-        responses: AsyncIterator[Any],
+        responses: AsyncGenerator[Any, None],
         max_responses: int = DRAIN_RESPONSES,
         timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
@@ -128,7 +128,7 @@ class TritonLLMClient:
         tensors: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         request_id: str,
-    ) -> AsyncIterator[InferResult]:
+    ) -> AsyncGenerator[InferResult, None]:
         """Yield each response of one (decoupled) request; cancel it if the caller stops early."""
         request = {
             "model_name": model_name,

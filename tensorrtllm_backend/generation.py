@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -273,7 +273,10 @@ class Generator:
                 tracker.close(failure)
 
     async def _release(
-        self, results: AsyncIterator[InferResult], sequences: list[_Sequence], max_tokens: int
+        self,
+        results: AsyncGenerator[InferResult, None],
+        sequences: list[_Sequence],
+        max_tokens: int,
     ) -> None:
         """Stop a Triton stream the caller left early (disconnect, error): cancel it, unless it
         would end on its own within a few responses anyway (see TritonLLMClient.let_finish)."""
@@ -292,7 +295,7 @@ class Generator:
         )
         return _Sequence(index, decoder, StopStringMatcher(params.stop))
 
-    def _results(self, request: PreparedRequest) -> AsyncIterator[InferResult]:
+    def _results(self, request: PreparedRequest) -> AsyncGenerator[InferResult, None]:
         """The Triton stream of a request (with the LoRA cache protocol when it names one)."""
         if request.lora is None:
             tensors, outputs = self._triton_inputs(request, False)
@@ -301,7 +304,7 @@ class Generator:
 
     async def _results_with_lora(
         self, request: PreparedRequest, adapter: LoraAdapter
-    ) -> AsyncIterator[InferResult]:
+    ) -> AsyncGenerator[InferResult, None]:
         """Weights go with an adapter's first request; one evicted from the backend's cache is
         sent again with its weights."""
         send_weights = self.loras.needs_weights(adapter)
