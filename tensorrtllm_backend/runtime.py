@@ -154,9 +154,12 @@ class LLMRuntime:
             return False
         return await asyncio.to_thread(self.supervisor.is_ready)
 
-    async def _restart_stalled(self, stalled_s: float) -> None:
+    async def _restart_stalled(self, stalled_s: float, open_streams: int) -> None:
         if self.supervisor is not None:
-            reason = f"no response for {stalled_s:.0f} s (TRTLLM_STALL_TIMEOUT_S)"
+            reason = (
+                f"no response for {stalled_s:.0f} s while {open_streams} stream(s) waited on it "
+                "(TRTLLM_STALL_TIMEOUT_S)"
+            )
             await asyncio.to_thread(self.supervisor.restart, reason)
 
     async def stop(self) -> None:

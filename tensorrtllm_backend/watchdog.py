@@ -8,14 +8,12 @@ forever without an error. The supervisor only sees processes exit; this sees pro
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
-
-logger = logging.getLogger(__name__)
 
 
 class StallWatchdog:
-    """Calls `on_stall` when streams are open but no response has arrived for `stall_s`.
+    """Calls `on_stall(seconds, open streams)` when streams are open but no response has arrived
+    for `stall_s`.
 
     `progress()` returns (open streams, responses received so far). Any response from any
     stream counts as progress, so one long prefill among running streams is not a stall.
@@ -24,7 +22,7 @@ class StallWatchdog:
     def __init__(
         self,
         progress: Callable[[], tuple[int, int]],
-        on_stall: Callable[[float], Awaitable[None]],
+        on_stall: Callable[[float, int], Awaitable[None]],
         stall_s: float,
         interval_s: float = 1.0,
     ) -> None:
@@ -45,10 +43,5 @@ class StallWatchdog:
                 last_count, since = count, now
                 continue
             if now - since >= self.stall_s:
-                logger.error(
-                    "tritonserver sent nothing for %.0f s while %d stream(s) waited on it",
-                    now - since,
-                    open_streams,
-                )
-                await self.on_stall(now - since)
+                await self.on_stall(now - since, open_streams)
                 last_count, since = -1, loop.time()

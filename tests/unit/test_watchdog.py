@@ -17,7 +17,8 @@ class Progress:
     def __call__(self) -> tuple[int, int]:
         return self.open_streams, self.responses
 
-    async def on_stall(self, stalled_s: float) -> None:
+    async def on_stall(self, stalled_s: float, open_streams: int) -> None:
+        assert open_streams == self.open_streams
         self.stalls.append(stalled_s)
 
 
