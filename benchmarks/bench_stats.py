@@ -148,6 +148,10 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
     return value / reference
 
 
+def _difference(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or reference is None else value - reference
+
+
 def add_ratios(summaries: Sequence[TargetSummary], reference: str = REFERENCE_TARGET) -> None:
     """Fill each summary's ratios to the reference target of the same cell (in place).
 
@@ -160,18 +164,13 @@ def add_ratios(summaries: Sequence[TargetSummary], reference: str = REFERENCE_TA
         if base is None:
             summary.ratios = {}
             continue
-        delta = (
-            summary.ttft_ms.p50 - base.ttft_ms.p50
-            if summary.ttft_ms.p50 is not None and base.ttft_ms.p50 is not None
-            else None
-        )
         summary.ratios = {
             "tokens_per_s": _ratio(summary.tokens_per_s, base.tokens_per_s),
             "requests_per_s": _ratio(summary.requests_per_s, base.requests_per_s),
             "ttft_p50": _ratio(summary.ttft_ms.p50, base.ttft_ms.p50),
             "ttft_p99": _ratio(summary.ttft_ms.p99, base.ttft_ms.p99),
             "itl_p50": _ratio(summary.itl_ms.p50, base.itl_ms.p50),
-            "ttft_p50_delta_ms": delta,
+            "ttft_p50_delta_ms": _difference(summary.ttft_ms.p50, base.ttft_ms.p50),
         }
 
 
@@ -300,10 +299,6 @@ class InterleavedRounds:
             "tokens_ratio_median": self.tokens_ratio_median,
             "ttft_p50_delta_median_ms": self.ttft_delta_median,
         }
-
-
-def _difference(value: float | None, reference: float | None) -> float | None:
-    return None if value is None or reference is None else value - reference
 
 
 @dataclass(frozen=True, slots=True)
