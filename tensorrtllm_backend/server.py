@@ -98,6 +98,16 @@ def find_free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def probe_ready(ports: TritonPorts, timeout: float) -> bool:
+    """Triton's own readiness endpoint (server live and every loaded model ready)."""
+    url = f"http://{LOOPBACK}:{ports.http}/v2/health/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def _site_packages() -> list[str]:
     import site
 
@@ -109,7 +119,10 @@ def _site_packages() -> list[str]:
 
 
 def _port_free(port: int) -> bool:
+    """Whether tritonserver could listen on `port`. It sets SO_REUSEADDR, as here: connections
+    of a previous tritonserver left in TIME_WAIT do not keep it from listening again."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOOPBACK, port))
         except OSError:
@@ -360,7 +373,7 @@ class TritonSupervisor:
         run = self._run
         if self._state is not ServerState.READY or run is None or run.process.poll() is not None:
             return False
-        return self._probe_ready(run.ports, timeout=1.0)
+        return probe_ready(run.ports, timeout=1.0)
 
     def start(self) -> None:
         """Start tritonserver and block until it is ready (raises TritonStartupError)."""
@@ -541,7 +554,7 @@ class TritonSupervisor:
                     f"tritonserver exited with code {code} before it was ready. "
                     f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
                 )
-            if self._probe_ready(run.ports, timeout=1.0):
+            if probe_ready(run.ports, timeout=1.0):
                 logger.info(
                     "tritonserver ready in %.1f s (grpc %s:%d)",
                     time.monotonic() - run.started_at,
@@ -554,15 +567,6 @@ class TritonSupervisor:
             f"tritonserver was not ready after {self.config.startup_timeout_s:.0f} s. "
             f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
         )
-
-    @staticmethod
-    def _probe_ready(ports: TritonPorts, timeout: float) -> bool:
-        url = f"http://{LOOPBACK}:{ports.http}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
 
     def _terminate(self, run: _Run, timeout_s: float) -> None:
         """SIGTERM the process group, SIGKILL it after a grace period; always reap."""
