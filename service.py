@@ -22,6 +22,7 @@ from tensorrtllm_backend.deployment import (
     log_server_errors_once,
     model_tag,
     resources,
+    share_triton_ports,
     tracing_config,
 )
 from tensorrtllm_backend.errors import (
@@ -36,14 +37,15 @@ from tensorrtllm_backend.metrics_export import ENABLED as TRITON_METRICS_EXPORT
 from tensorrtllm_backend.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
-from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
+from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
-from tensorrtllm_backend.server import ServerState
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 logger = logging.getLogger("bentoml.trtllm")
 
 MODEL_TAG = model_tag()
+WORKERS = worker_count()
+share_triton_ports(WORKERS)  # in `bentoml serve`'s own process, before it starts the workers
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
 log_server_errors_once()
 
@@ -67,7 +69,7 @@ openai_app = build_openai_app(_current_openai)
 @bentoml.asgi_app(openai_app, path="/v1")
 @bentoml.service(
     name="trtllm",
-    workers=1,  # one worker owns the one tritonserver
+    workers=WORKERS,  # they share one tritonserver
     resources=resources(MODEL_TAG),
     traffic={"timeout": 600},  # the in-flight bound is GuardMiddleware's (429 + Retry-After)
     tracing=tracing_config(),
@@ -151,10 +153,7 @@ TRTLLM.add_asgi_middleware(GuardMiddleware)
 
 def _triton_metrics_url() -> str | None:
     service = _current_service()
-    supervisor = service.runtime.supervisor if service is not None else None
-    if supervisor is None or supervisor.state is not ServerState.READY:
-        return None
-    return supervisor.metrics_url
+    return service.runtime.triton_metrics_url() if service is not None else None
 
 
 if TRITON_METRICS_EXPORT:

@@ -4,14 +4,19 @@ log."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import bentoml
 
 from .packing import FORMAT
+from .runtime import PORT_ENVS, SHARED_DIR_ENV
+from .server import find_free_port
 
 DEFAULT_MODEL = "trtllm-demo:latest"
 
@@ -108,3 +113,28 @@ def log_server_errors_once() -> None:
     shared = set(server_errors.handlers) & set(logging.getLogger().handlers)
     if server_errors.propagate and shared:
         server_errors.propagate = False
+
+
+def share_triton_ports(workers: int) -> None:
+    """Fix tritonserver's loopback ports, and a directory for its lock, for workers that share it
+    (see `sharing`).
+
+    `bentoml serve` imports service.py before it starts the workers, which inherit its
+    environment: what is chosen here is the same in every worker. Ports set by the user are kept.
+    The directory goes when the process that made it exits.
+    """
+    if workers <= 1:
+        return
+    taken = {os.environ[name] for name in PORT_ENVS if os.environ.get(name)}
+    for name in PORT_ENVS:
+        if os.environ.get(name):
+            continue
+        port = str(find_free_port())
+        while port in taken:
+            port = str(find_free_port())
+        taken.add(port)
+        os.environ[name] = port
+    if not os.environ.get(SHARED_DIR_ENV):
+        directory = tempfile.mkdtemp(prefix="trtllm-workers-")
+        os.environ[SHARED_DIR_ENV] = directory
+        atexit.register(shutil.rmtree, directory, True)

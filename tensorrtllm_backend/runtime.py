@@ -18,11 +18,30 @@ from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import localize_repository
-from .server import TritonServerConfig, TritonSupervisor
+from .server import ServerState, TritonServerConfig, TritonSupervisor
+from .sharing import SharedTriton
 from .tokenization import load_tokenizer
 from .watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
+
+
+GRPC_PORT_ENV = "TRTLLM_TRITON_GRPC_PORT"
+HTTP_PORT_ENV = "TRTLLM_TRITON_HTTP_PORT"
+METRICS_PORT_ENV = "TRTLLM_TRITON_METRICS_PORT"
+PORT_ENVS = (GRPC_PORT_ENV, HTTP_PORT_ENV, METRICS_PORT_ENV)
+WORKERS_ENV = "TRTLLM_WORKERS"
+SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"  # where workers sharing a tritonserver keep its lock
+
+
+def worker_count() -> int:
+    """HTTP worker processes (TRTLLM_WORKERS, default 1); they share one tritonserver."""
+    value = os.environ.get(WORKERS_ENV, "").strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{WORKERS_ENV}={value!r}: give a number of worker processes, 1 or more")
+    return int(value)
 
 
 def _env_port(name: str) -> int | None:
@@ -48,17 +67,21 @@ class RuntimeSettings:
     metrics_port: int | None = None
     startup_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0  # restart a Triton that answers nothing for this long; 0: off
+    workers: int = 1  # HTTP workers sharing the tritonserver
+    shared_dir: Path | None = None
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
         route = os.environ.get("TRTLLM_ROUTE")
         return cls(
             route=Route(route) if route else None,
-            grpc_port=_env_port("TRTLLM_TRITON_GRPC_PORT"),
-            http_port=_env_port("TRTLLM_TRITON_HTTP_PORT"),
-            metrics_port=_env_port("TRTLLM_TRITON_METRICS_PORT"),
+            grpc_port=_env_port(GRPC_PORT_ENV),
+            http_port=_env_port(HTTP_PORT_ENV),
+            metrics_port=_env_port(METRICS_PORT_ENV),
             startup_timeout_s=float(os.environ.get("TRTLLM_STARTUP_TIMEOUT_S", "600")),
             stall_timeout_s=float(os.environ.get("TRTLLM_STALL_TIMEOUT_S", "120")),
+            workers=worker_count(),
+            shared_dir=Path(os.environ[SHARED_DIR_ENV]) if os.environ.get(SHARED_DIR_ENV) else None,
         )
 
 
@@ -70,7 +93,7 @@ class LLMRuntime:
         self.engine: EngineInfo = inspect_engine(self.model_root / ENGINES)
         self.route = self.settings.route or Route(manifest.get("route", Route.DIRECT.value))
         self.loras = LoraRegistry.from_model(self.model_root)
-        self.supervisor: TritonSupervisor | None = None
+        self.triton: TritonSupervisor | SharedTriton | None = None
         self._client: TritonLLMClient | None = None
         self._generator: Generator | None = None
         self._run_dir: Path | None = None
@@ -93,30 +116,33 @@ class LLMRuntime:
             self.model_root / REPOSITORY, self._run_dir / REPOSITORY, self.model_root
         )
         settings = self.settings
-        self.supervisor = TritonSupervisor(
-            TritonServerConfig(
-                model_repository=repository,
-                grpc_port=settings.grpc_port,
-                http_port=settings.http_port,
-                metrics_port=settings.metrics_port,
-                world_size=self.engine.world_size,
-                startup_timeout_s=settings.startup_timeout_s,
-                log_dir=self._run_dir / "logs",
-                models=self._models_to_load(),
-            )
+        config = TritonServerConfig(
+            model_repository=repository,
+            grpc_port=settings.grpc_port,
+            http_port=settings.http_port,
+            metrics_port=settings.metrics_port,
+            world_size=self.engine.world_size,
+            startup_timeout_s=settings.startup_timeout_s,
+            log_dir=self._run_dir / "logs",
+            models=self._models_to_load(),
+        )
+        triton = self.triton = (
+            SharedTriton(config, settings.shared_dir)
+            if settings.workers > 1
+            else TritonSupervisor(config)
         )
         # transformers' import and the tokenizer's load (~3 s) overlap tritonserver's start.
         tokenizer_loading = asyncio.ensure_future(
             asyncio.to_thread(load_tokenizer, self.model_root / TOKENIZER)
         )
         try:
-            await asyncio.to_thread(self.supervisor.start)
+            await asyncio.to_thread(triton.start)
             tokenizer = await tokenizer_loading
         except BaseException:
             tokenizer_loading.cancel()
-            await asyncio.to_thread(self.supervisor.stop)
+            await asyncio.to_thread(triton.stop)
             raise
-        self._client = TritonLLMClient(self.supervisor.grpc_url)
+        self._client = TritonLLMClient(triton.grpc_url)
         self._generator = Generator(
             self._client,
             tokenizer,
@@ -137,7 +163,7 @@ class LLMRuntime:
         logger.info(
             "serving %s through %s (route %s)",
             self.model_root.name,
-            self.supervisor.grpc_url,
+            triton.grpc_url,
             self.route.value,
         )
 
@@ -150,17 +176,24 @@ class LLMRuntime:
         return ()
 
     async def is_ready(self) -> bool:
-        if self.supervisor is None or self._generator is None:
+        if self.triton is None or self._generator is None:
             return False
-        return await asyncio.to_thread(self.supervisor.is_ready)
+        return await asyncio.to_thread(self.triton.is_ready)
+
+    def triton_metrics_url(self) -> str | None:
+        """Triton's loopback metrics URL, or None while it is not running."""
+        triton = self.triton
+        if triton is None or triton.state is not ServerState.READY:
+            return None
+        return triton.metrics_url
 
     async def _restart_stalled(self, stalled_s: float, open_streams: int) -> None:
-        if self.supervisor is not None:
+        if self.triton is not None:
             reason = (
                 f"no response for {stalled_s:.0f} s while {open_streams} stream(s) waited on it "
                 "(TRTLLM_STALL_TIMEOUT_S)"
             )
-            await asyncio.to_thread(self.supervisor.restart, reason)
+            await asyncio.to_thread(self.triton.restart, reason)
 
     async def stop(self) -> None:
         if self._watchdog is not None:
@@ -169,8 +202,8 @@ class LLMRuntime:
         if self._client is not None:
             await self._client.close()
             self._client = None
-        if self.supervisor is not None:
-            await asyncio.to_thread(self.supervisor.stop)
+        if self.triton is not None:
+            await asyncio.to_thread(self.triton.stop)
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
             self._run_dir = None

@@ -1,0 +1,130 @@
+"""Several HTTP workers sharing one tritonserver (TRTLLM_WORKERS), through a real `bentoml serve`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from conftest import BentoServer  # tests/integration/conftest.py
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Once upon a time"
+WORKER_MODULE = "_bentoml_impl.worker.service"
+
+
+def _workers(server: BentoServer) -> list[psutil.Process]:
+    return [
+        child
+        for child in psutil.Process(server.process.pid).children()
+        if WORKER_MODULE in " ".join(child.cmdline())
+    ]
+
+
+def _tritonservers(server: BentoServer) -> list[psutil.Process]:
+    return [p for p in server.tritons() if p.name() == "tritonserver"]
+
+
+def _generate_many(url: str, count: int) -> list[int]:
+    """`count` requests at once, each on its own connection, so the workers share them."""
+
+    def one(_: int) -> int:
+        response = httpx.post(
+            f"{url}/generate_text",
+            json={"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        return int(response.json()["usage"]["completion_tokens"])
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def _completion_tokens(url: str) -> float:
+    """trtllm_completion_tokens_total as /metrics reports it (from whichever worker answers)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "trtllm_completion_tokens_total"
+    )
+
+
+def _answers(url: str) -> bool:
+    try:
+        response = httpx.post(
+            f"{url}/generate_text", json={"prompt": PROMPT, "max_tokens": 4}, timeout=10
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+@pytest.fixture
+def two_workers(synthetic_model: str, bento_launcher: Callable[..., BentoServer]) -> BentoServer:
+    return bento_launcher(synthetic_model, {"TRTLLM_WORKERS": "2"}, wait=True)
+
+
+def test_two_workers_share_one_tritonserver(two_workers: BentoServer) -> None:
+    server = two_workers
+    workers = _workers(server)
+    assert len(workers) == 2
+    (triton,) = _tritonservers(server)
+    assert triton.parent().pid in {worker.pid for worker in workers}
+    # Both workers come up: the second one's readiness is the first one's tritonserver.
+    deadline = time.monotonic() + 60
+    while server.log().count("Completed async startup hook") < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert server.log().count("Completed async startup hook") == 2, server.log()[-3000:]
+
+    assert _generate_many(server.url, 48) == [8] * 48
+    log = server.log()
+    # BentoML prefixes each worker's lines with its id; both answered requests.
+    for worker_id in (1, 2):
+        assert f"trtllm:{worker_id}] request_id=" in log, log[-3000:]
+    assert len(_tritonservers(server)) == 1
+    # Metrics add up the workers, whichever one serves the scrape (one connection each).
+    assert [_completion_tokens(server.url) for _ in range(4)] == [48 * 8] * 4
+
+
+def test_a_worker_takes_over_when_the_owner_dies(two_workers: BentoServer) -> None:
+    server = two_workers
+    shared_dir = Path(_workers(server)[0].environ()["TRTLLM_SHARED_DIR"])
+    assert shared_dir.is_dir()
+    (triton,) = _tritonservers(server)
+    owner = triton.parent()
+    (survivor,) = [worker for worker in _workers(server) if worker.pid != owner.pid]
+    owner.kill()  # no clean shutdown: its tritonserver dies with it
+    owner.wait(10)
+    psutil.wait_procs([triton], timeout=15)
+
+    deadline = time.monotonic() + 90
+    while not _answers(server.url) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _answers(server.url), server.log()[-3000:]
+    (new_triton,) = _tritonservers(server)
+    assert new_triton.pid != triton.pid
+    # Outside a container BentoML respawns the dead worker, which may win the race to start
+    # the new tritonserver; inside one (BentoCloud) only the survivor can.
+    new_owner = new_triton.parent()
+    assert new_owner.pid in {worker.pid for worker in _workers(server)} - {owner.pid}
+    if new_owner.pid == survivor.pid:
+        assert f"this worker (pid {survivor.pid}) took over" in server.log()
+    assert _generate_many(server.url, 16) == [8] * 16
+
+    tritons = server.tritons()
+    server.stop()
+    _gone, alive = psutil.wait_procs(tritons, timeout=15)
+    assert alive == [], f"left running after SIGTERM: {alive}"
+    assert not shared_dir.exists()  # removed by `bentoml serve` as it exits
