@@ -193,6 +193,19 @@ class Processes:
             f"{service.name}: not ready after {timeout_s:.0f} s:\n{service.log_tail()}"
         )
 
+    def wait_workers(self, service: Service, workers: int, timeout_s: float = 120.0) -> None:
+        """/readyz answers once one worker is up. Connections made before the others are would
+        all stay on that one (keep-alive), so wait for every worker's start-up hook."""
+        deadline = time.perf_counter() + timeout_s
+        while service.log_tail(10**7).count("Completed async startup hook") < workers:
+            if time.perf_counter() > deadline:
+                raise BenchSetupError(
+                    f"{service.name}: {workers} workers not up after {timeout_s:.0f} s:\n"
+                    f"{service.log_tail()}"
+                )
+            time.sleep(0.2)
+        self._remember_children(service)
+
     def _remember_children(self, service: Service) -> None:
         """Descendants (worker, tritonserver, python stubs) to reap if a graceful stop fails."""
         for index, (known, _) in enumerate(self._services):

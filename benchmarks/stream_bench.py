@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="pack + serve the demo model alone for its cold start (default: yes, not in --quick)",
     )
+    parser.add_argument("--workers", type=int, default=1,
+                        help="HTTP workers of the service, sharing its tritonserver (TRTLLM_WORKERS)")  # fmt: skip
     parser.add_argument("--url", help="measure a running deployment (native + openai only)")
     parser.add_argument("--model", help="--url: OpenAI model name (default: from /v1/models)")
     parser.add_argument(
@@ -332,7 +334,7 @@ def run_local(run: Run, procs: Processes) -> None:
         # the clean cold-start figure is the demo's, measured alone at the end.
         first_service = None
         if targets & {"native", "openai"}:
-            first_service = spawn_trtllm(procs, model, routes[0])
+            first_service = spawn_trtllm(procs, model, routes[0], workers=args.workers)
         started = time.perf_counter()
         supervisor = procs.start_triton(model, f"itl{itl:g}")
         run.timings[f"tritonserver_start_itl{itl:g}_s"] = time.perf_counter() - started
@@ -379,8 +381,13 @@ def run_local(run: Run, procs: Processes) -> None:
         if first_service is None:
             continue
         for route in routes:
-            service = first_service if route == routes[0] else spawn_trtllm(procs, model, route)
+            service = (
+                first_service
+                if route == routes[0]
+                else spawn_trtllm(procs, model, route, workers=args.workers)
+            )
             procs.wait_ready(service)
+            procs.wait_workers(service, args.workers)
             if service is not first_service:
                 # The first one started alongside the Triton measurements and is only polled
                 # after them: its figure would be theirs, not a cold start.
@@ -408,14 +415,16 @@ def interleaved_round_count(args: argparse.Namespace) -> int:
     return 1 if args.quick else 3
 
 
-def spawn_trtllm(procs: Processes, model: PackedModel, route: str, name: str = "trtllm") -> Service:
+def spawn_trtllm(
+    procs: Processes, model: PackedModel, route: str, name: str = "trtllm", workers: int = 1
+) -> Service:
     """The service on a free port, its tritonserver's gRPC on a known one (for the interleaved
     rounds)."""
     grpc_port = find_free_port()
     service = procs.spawn_service(
         f"{name}-{route}", "service:TRTLLM", ROOT,
         {"TRTLLM_MODEL": model.tag, "TRTLLM_ROUTE": route,
-         "TRTLLM_TRITON_GRPC_PORT": str(grpc_port)},
+         "TRTLLM_TRITON_GRPC_PORT": str(grpc_port), "TRTLLM_WORKERS": str(workers)},
     )  # fmt: skip
     service.triton_grpc_url = f"127.0.0.1:{grpc_port}"
     return service
