@@ -84,7 +84,11 @@ class TRTLLM:
     @bentoml.on_startup
     async def _start_triton(self) -> None:
         await self.runtime.start()
-        self.openai = OpenAIServing(self.runtime.generator, self.runtime.served_model_name)
+        self.openai = OpenAIServing(
+            self.runtime.generator,
+            self.runtime.served_model_name,
+            self.runtime.settings.stream_interval,
+        )
 
     @bentoml.on_shutdown
     async def _stop_triton(self) -> None:
@@ -114,7 +118,8 @@ class TRTLLM:
             raise as_api_error(error) from None
         first = True
         try:
-            texts = coalesce(self._texts(prepared), join_text)
+            interval = self.runtime.settings.stream_interval
+            texts = coalesce(self._texts(prepared), join_text, interval)
             async with aclosing(texts) as pieces:
                 async for text in pieces:
                     first = False

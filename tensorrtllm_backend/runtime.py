@@ -34,14 +34,22 @@ WORKERS_ENV = "TRTLLM_WORKERS"
 SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"  # where workers sharing a tritonserver keep its lock
 
 
-def worker_count() -> int:
-    """HTTP worker processes (TRTLLM_WORKERS, default 1); they share one tritonserver."""
-    value = os.environ.get(WORKERS_ENV, "").strip()
+STREAM_INTERVAL_ENV = "TRTLLM_STREAM_INTERVAL"
+
+
+def _env_count(name: str, what: str) -> int:
+    """A whole number >= 1 from the environment; 1 when unset."""
+    value = os.environ.get(name, "").strip()
     if not value:
         return 1
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{WORKERS_ENV}={value!r}: give a number of worker processes, 1 or more")
+        raise ValueError(f"{name}={value!r}: give a number of {what}, 1 or more")
     return int(value)
+
+
+def worker_count() -> int:
+    """HTTP worker processes (TRTLLM_WORKERS, default 1); they share one tritonserver."""
+    return _env_count(WORKERS_ENV, "worker processes")
 
 
 def _env_port(name: str) -> int | None:
@@ -68,6 +76,7 @@ class RuntimeSettings:
     startup_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0  # restart a Triton that answers nothing for this long; 0: off
     workers: int = 1  # HTTP workers sharing the tritonserver
+    stream_interval: int = 1  # pieces per streamed HTTP message after the first (streaming.py)
     shared_dir: Path | None = None
 
     @classmethod
@@ -81,6 +90,7 @@ class RuntimeSettings:
             startup_timeout_s=float(os.environ.get("TRTLLM_STARTUP_TIMEOUT_S", "600")),
             stall_timeout_s=float(os.environ.get("TRTLLM_STALL_TIMEOUT_S", "120")),
             workers=worker_count(),
+            stream_interval=_env_count(STREAM_INTERVAL_ENV, "pieces per streamed message"),
             shared_dir=Path(os.environ[SHARED_DIR_ENV]) if os.environ.get(SHARED_DIR_ENV) else None,
         )
 

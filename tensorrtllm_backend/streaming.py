@@ -4,6 +4,10 @@ Every HTTP body message costs the same middleware work (access log, timeout, tra
 small it is. The engine side reads Triton's stream in its own task; the HTTP side takes whatever
 has piled up since its last write and sends it as one message. A client that keeps up still gets
 one message per piece; under load the pieces merge, and no piece is dropped or reordered.
+
+A stream interval N > 1 (TRTLLM_STREAM_INTERVAL, like vLLM's --stream-interval) also makes every
+message after the first wait for N pieces, or the end: about N times fewer HTTP messages per token,
+for a burstier stream. The first piece always goes out at once.
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ class _Pump(Generic[T]):
         self.source = source
         self.pending: deque[T | _End] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._wanted = 1
         self.task = asyncio.ensure_future(self._run())
 
     def _put(self, item: T | _End) -> None:
         self.pending.append(item)
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
+        if waiter is None or waiter.done():
+            return
+        if len(self.pending) >= self._wanted or isinstance(item, _End):
             waiter.set_result(None)
 
     async def _run(self) -> None:
@@ -53,9 +60,11 @@ class _Pump(Generic[T]):
             return
         self._put(_End())
 
-    async def take_all(self) -> list[T | _End]:
-        """Everything read since the last call; waits while there is nothing."""
-        if not self.pending:
+    async def take(self, at_least: int = 1) -> list[T | _End]:
+        """Everything read since the last call, once that is `at_least` items or the end."""
+        pending = self.pending
+        if len(pending) < at_least and not (pending and isinstance(pending[-1], _End)):
+            self._wanted = at_least
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -75,16 +84,21 @@ class _Pump(Generic[T]):
             await aclose()
 
 
-async def coalesce(source: AsyncIterator[T], merge: Callable[[list[T]], T]) -> AsyncIterator[T]:
-    """Yield `merge(pieces)` of everything that arrived since the previous yield."""
+async def coalesce(
+    source: AsyncIterator[T], merge: Callable[[list[T]], T], interval: int = 1
+) -> AsyncIterator[T]:
+    """Yield `merge(pieces)` of everything that arrived since the previous yield; after the
+    first, at least `interval` pieces each (the last one may have fewer)."""
     pump = _Pump(source)
+    wanted = 1
     try:
         while True:
-            pieces = await pump.take_all()
+            pieces = await pump.take(wanted)
             end = pieces[-1] if isinstance(pieces[-1], _End) else None
             data = pieces[:-1] if end is not None else pieces
             if data:
                 yield merge(data)  # type: ignore[arg-type]
+                wanted = interval
             if end is not None:
                 if end.error is not None:
                     raise end.error

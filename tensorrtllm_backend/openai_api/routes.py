@@ -108,7 +108,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         if parsed.stream:
             usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             events = server.stream_completion(prepared, usage)
-            return await _streaming_response(events)
+            return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
 
     async def chat_completions(request: Request) -> Response:
@@ -118,7 +118,8 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         prepared = server.prepare_chat(parsed)
         if parsed.stream:
             usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            return await _streaming_response(server.stream_chat(prepared, usage))
+            events = server.stream_chat(prepared, usage)
+            return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.chat(prepared)).model_dump(exclude_none=True))
 
     async def models(request: Request) -> Response:
@@ -136,11 +137,11 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
     )
 
 
-async def _streaming_response(events: AsyncIterator[str]) -> StreamingResponse:
+async def _streaming_response(events: AsyncIterator[str], interval: int) -> StreamingResponse:
     """Start the stream once its first event exists, so a failure before it gets a real status
     (503, 400...). Errors after the first byte cannot change the status: they are sent as an SSE
     error event and the stream ends without [DONE]."""
-    stream = coalesce(events, join_text)
+    stream = coalesce(events, join_text, interval)
     try:
         first = await anext(stream)
     except StopAsyncIteration:

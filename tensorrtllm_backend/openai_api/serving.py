@@ -82,9 +82,10 @@ class _Event:
 class OpenAIServing:
     """Validates OpenAI requests against the served model and runs them on the generator."""
 
-    def __init__(self, generator: Generator, model_name: str) -> None:
+    def __init__(self, generator: Generator, model_name: str, stream_interval: int = 1) -> None:
         self.generator = generator
         self.model_name = model_name
+        self.stream_interval = stream_interval  # SSE events per HTTP message after the first
 
     # -- request translation --------------------------------------------------------------
     def model_names(self) -> list[str]:

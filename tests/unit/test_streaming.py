@@ -1,5 +1,6 @@
-"""streaming.coalesce: every piece once and in order, merged only when the consumer is behind;
-errors reach the consumer after the pieces before them; leaving early stops the source."""
+"""streaming.coalesce: every piece once and in order, merged only when the consumer is behind
+(or by the stream interval); errors reach the consumer after the pieces before them; leaving early
+stops the source."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tensorrtllm_backend.runtime import STREAM_INTERVAL_ENV, RuntimeSettings
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 
@@ -64,3 +66,30 @@ async def test_an_empty_source_ends_without_a_message() -> None:
     log: list[str] = []
     assert [text async for text in coalesce(pieces(0, log), join_text)] == []
     assert log == ["source closed"]
+
+
+async def test_a_stream_interval_groups_the_pieces_after_the_first() -> None:
+    log: list[str] = []
+    received = [text async for text in coalesce(pieces(11, log), join_text, interval=3)]
+    assert received == ["0,", "1,2,3,", "4,5,6,", "7,8,9,", "10,"]  # the last: what is left
+    assert log == ["source closed"]
+
+
+async def test_with_an_interval_an_error_still_follows_the_pieces_before_it() -> None:
+    log: list[str] = []
+    received = []
+    with pytest.raises(RuntimeError, match="stream broke"):
+        async for text in coalesce(pieces(10, log, fail_after=5), join_text, interval=3):
+            received.append(text)
+    assert received == ["0,", "1,2,3,", "4,"]
+    assert log == ["source closed"]
+
+
+def test_the_stream_interval_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STREAM_INTERVAL_ENV, "4")
+    assert RuntimeSettings.from_env().stream_interval == 4
+    monkeypatch.delenv(STREAM_INTERVAL_ENV)
+    assert RuntimeSettings.from_env().stream_interval == 1
+    monkeypatch.setenv(STREAM_INTERVAL_ENV, "0")
+    with pytest.raises(ValueError, match=STREAM_INTERVAL_ENV):
+        RuntimeSettings.from_env()
