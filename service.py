@@ -18,6 +18,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.deployment import (
+    freeze_startup_heap,
     lengthen_keep_alive,
     log_server_errors_once,
     model_tag,
@@ -84,6 +85,7 @@ class TRTLLM:
     @bentoml.on_startup
     async def _start_triton(self) -> None:
         await self.runtime.start()
+        freeze_startup_heap()
         self.openai = OpenAIServing(
             self.runtime.generator,
             self.runtime.served_model_name,
