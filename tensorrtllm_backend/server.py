@@ -70,6 +70,18 @@ class TritonPorts:
     http: int
     metrics: int
 
+    @property
+    def grpc_url(self) -> str:
+        return f"{LOOPBACK}:{self.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.metrics}/metrics"
+
 
 @dataclass
 class TritonServerConfig:
@@ -100,7 +112,7 @@ def find_free_port() -> int:
 
 def probe_ready(ports: TritonPorts, timeout: float) -> bool:
     """Triton's own readiness endpoint (server live and every loaded model ready)."""
-    url = f"http://{LOOPBACK}:{ports.http}/v2/health/ready"
+    url = f"{ports.http_url}/v2/health/ready"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status == 200
@@ -347,15 +359,15 @@ class TritonSupervisor:
 
     @property
     def grpc_url(self) -> str:
-        return f"{LOOPBACK}:{self.ports.grpc}"
+        return self.ports.grpc_url
 
     @property
     def http_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.ports.http}"
+        return self.ports.http_url
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.ports.metrics}/metrics"
+        return self.ports.metrics_url
 
     @property
     def pid(self) -> int | None:

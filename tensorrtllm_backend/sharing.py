@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from .server import (
-    LOOPBACK,
     ServerState,
     TritonPorts,
     TritonServerConfig,
@@ -96,11 +95,11 @@ class SharedTriton:
 
     @property
     def grpc_url(self) -> str:
-        return f"{LOOPBACK}:{self.ports.grpc}"
+        return self.ports.grpc_url
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.ports.metrics}/metrics"
+        return self.ports.metrics_url
 
     @property
     def state(self) -> ServerState:

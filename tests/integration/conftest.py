@@ -126,6 +126,19 @@ def launch_bento_server(
     return BentoServer(f"http://127.0.0.1:{port}", process, log_path)
 
 
+def serves_requests(url: str, max_tokens: int = 4) -> bool:
+    """Whether a short /generate_text succeeds right now (for waits on recovery)."""
+    try:
+        response = httpx.post(
+            f"{url}/generate_text",
+            json={"prompt": "Once upon a time", "max_tokens": max_tokens},
+            timeout=10,
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
 def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

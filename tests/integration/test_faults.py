@@ -20,6 +20,8 @@ import httpx
 import psutil
 import pytest
 
+from tests.integration.conftest import serves_requests
+
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
 
@@ -221,16 +223,7 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
     assert '"error"' in chat.text or chat.error is not None, chat.text[-500:]
 
     # the supervisor restarts Triton and new requests succeed within 30 s
-    def serves() -> bool:
-        try:
-            response = httpx.post(
-                f"{server.url}/generate_text", json={"prompt": PROMPT, "max_tokens": 3}, timeout=10
-            )
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    assert wait_for(serves, 30.0, 0.5), server.log()[-3000:]
+    assert wait_for(lambda: serves_requests(server.url), 30.0, 0.5), server.log()[-3000:]
     assert readyz(server) == 200
     # checked last so that the recovery above is checked too: a cut stream must not look complete
     assert native.error is not None, (

@@ -6,15 +6,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from conftest import BentoServer  # tests/integration/conftest.py
+from tests.integration.conftest import BentoServer, serves_requests
 
 pytestmark = pytest.mark.integration
 
@@ -61,16 +59,6 @@ def _completion_tokens(url: str) -> float:
     )
 
 
-def _answers(url: str) -> bool:
-    try:
-        response = httpx.post(
-            f"{url}/generate_text", json={"prompt": PROMPT, "max_tokens": 4}, timeout=10
-        )
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
-
-
 @pytest.fixture
 def two_workers(synthetic_model: str, bento_launcher: Callable[..., BentoServer]) -> BentoServer:
     return bento_launcher(synthetic_model, {"TRTLLM_WORKERS": "2"}, wait=True)
@@ -110,9 +98,9 @@ def test_a_worker_takes_over_when_the_owner_dies(two_workers: BentoServer) -> No
     psutil.wait_procs([triton], timeout=15)
 
     deadline = time.monotonic() + 90
-    while not _answers(server.url) and time.monotonic() < deadline:
+    while not serves_requests(server.url) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _answers(server.url), server.log()[-3000:]
+    assert serves_requests(server.url), server.log()[-3000:]
     (new_triton,) = _tritonservers(server)
     assert new_triton.pid != triton.pid
     # Outside a container BentoML respawns the dead worker, which may win the race to start
