@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -42,6 +43,27 @@ class TritonUnavailableError(TritonClientError):
 
 class TritonModelError(TritonClientError):
     """A model in tritonserver answered the request with an error."""
+
+
+class TritonInstanceDeadError(TritonUnavailableError):
+    """A Python model's stub process died (killed, out of memory, crashed) or stopped answering
+    Triton's health checks. Triton 2.51 then fails every later request to that model instance
+    and never starts a new stub: only a restart of tritonserver brings the model back."""
+
+    def __init__(self, message: str, instance: str) -> None:
+        super().__init__(message)
+        self.instance = instance
+
+
+# The Python backend's error for a request to an instance whose stub is gone; inside an ensemble
+# it comes wrapped ("in ensemble 'ensemble', Stub process ...").
+_DEAD_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
+
+
+def dead_instance(message: str) -> str | None:
+    """The model instance a Triton error message reports as dead, if it is one of those."""
+    match = _DEAD_STUB.search(message)
+    return match.group(1) if match else None
 
 
 # tritonclient's defaults (no message size limit) plus a short reconnect backoff: when the
@@ -93,8 +115,10 @@ async def _drain(
 class TritonLLMClient:
     """Async streaming inference against one tritonserver, shared by all requests."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, on_dead_instance: Callable[[str], None] | None = None) -> None:
         self.url = url
+        # Told the instance's name when a response says a model instance is dead.
+        self.on_dead_instance = on_dead_instance
         self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
         self._finishing: set[asyncio.Task[None]] = set()
         # Progress, for the stall watchdog: streams open and responses received so far.
@@ -152,7 +176,7 @@ class TritonLLMClient:
             async for result, error in responses:
                 self.responses_received += 1
                 if error is not None:
-                    raise TritonModelError(f"{model_name}: {error.message()}")
+                    raise self._model_error(model_name, error.message())
                 if result is not None:
                     yield result
             finished = True
@@ -161,9 +185,21 @@ class TritonLLMClient:
                 raise TritonUnavailableError(
                     f"tritonserver stream ended: {error.code().name} {error.details()}"
                 ) from error
-            raise TritonModelError(f"{model_name}: {error.details()}") from error
+            raise self._model_error(model_name, error.details() or "") from error
         finally:
             self.open_streams -= 1
             if not finished:
                 # Early exit (stop string, disconnect, error): tell Triton to stop generating.
                 responses.cancel()
+
+    def _model_error(self, model_name: str, message: str) -> TritonClientError:
+        instance = dead_instance(message)
+        if instance is None:
+            return TritonModelError(f"{model_name}: {message}")
+        if self.on_dead_instance is not None:
+            self.on_dead_instance(instance)
+        return TritonInstanceDeadError(
+            f"the model instance {instance} of tritonserver is dead or not answering; "
+            "tritonserver is restarting",
+            instance,
+        )

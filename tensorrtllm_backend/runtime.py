@@ -149,7 +149,7 @@ class LLMRuntime:
             tokenizer_loading.cancel()
             await asyncio.to_thread(triton.stop)
             raise
-        self._client = TritonLLMClient(triton.grpc_url)
+        self._client = TritonLLMClient(triton.grpc_url, self._restart_for_dead_instance)
         self._generator = Generator(
             self._client,
             tokenizer,
@@ -201,6 +201,13 @@ class LLMRuntime:
                 "(TRTLLM_STALL_TIMEOUT_S)"
             )
             await asyncio.to_thread(self.triton.restart, reason)
+
+    def _restart_for_dead_instance(self, instance: str) -> None:
+        # Only a server that is up: requests in flight when it went down report the same
+        # instance, and must not kill the tritonserver that replaces it.
+        triton = self.triton
+        if triton is not None and triton.state is ServerState.READY:
+            triton.restart(f"its model instance {instance} died or stopped answering")
 
     async def stop(self) -> None:
         if self._watchdog is not None:
