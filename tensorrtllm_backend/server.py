@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
+from .stub_watch import StubWatch
+
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
@@ -37,6 +39,7 @@ ENV_BACKEND_DIR = "TRTLLM_TRITON_BACKEND_DIR"
 ENV_BACKEND_PYTHONPATH = "TRTLLM_BACKEND_PYTHONPATH"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
+STUB_CHECK_TICKS = 5  # the watch loop ticks every 0.2 s: stubs are checked every second
 
 
 class TritonError(RuntimeError):
@@ -448,9 +451,23 @@ class TritonSupervisor:
 
     def _watch(self) -> None:
         backoff = 1.0
+        stubs: StubWatch | None = None
+        ticks = 0
         while not self._stop_event.wait(0.2):
             run = self._run
-            if run is None or run.process.poll() is None:
+            if run is None:
+                continue
+            if run.process.poll() is None:
+                ticks += 1
+                if ticks % STUB_CHECK_TICKS == 0 and self._state is ServerState.READY:
+                    if stubs is None or stubs.root_pid != run.process.pid:
+                        stubs = StubWatch(run.process.pid)
+                    dead = stubs.dead()
+                    if dead:
+                        self.restart(
+                            f"its Python backend stub(s) {dead} died, and tritonserver does not "
+                            "start them again"
+                        )
                 continue
             code = run.process.returncode
             logger.error(

@@ -258,6 +258,52 @@ def test_wedged_tritonserver_is_restarted(bento_launcher, slow_synthetic_model: 
     assert again.status_code == 200, again.text
 
 
+def python_stub(server: BentoServer, model: str) -> psutil.Process:
+    (stub,) = [p for p in server.tritons() if f"{model}/1/model.py" in " ".join(p.cmdline())]
+    return stub
+
+
+def test_unhealthy_python_stub_restarts_tritonserver(bento_launcher, demo_model: str) -> None:
+    """A Python stub that stops answering (here: SIGSTOP) makes tritonserver 2.51 fail every
+    later request to its model, for good. The errors keep arriving, so the stall watchdog never
+    fires: without a restart the service would answer 502 for ever."""
+    server = bento_launcher(demo_model, {"TRTLLM_ROUTE": "ensemble"}, wait=True)
+    body = {"prompt": PROMPT, "max_tokens": 4}
+    assert httpx.post(f"{server.url}/generate_text", json=body, timeout=60).status_code == 200
+    triton = tritonserver_of(server)
+    python_stub(server, "postprocessing").suspend()
+
+    failed = httpx.post(f"{server.url}/generate_text", json=body, timeout=60)
+    assert failed.status_code == 503, failed.text
+    assert "postprocessing_0_0" in failed.text and "retry-after" in failed.headers
+    wait_for_log(server, "restarting tritonserver: its model instance postprocessing_0_0", 10)
+    assert wait_for(lambda: serves_requests(server.url), 60.0, 0.5), server.log()[-3000:]
+    assert tritonserver_of(server).pid != triton.pid
+
+
+def test_dead_python_stub_ends_its_streams_and_restarts_tritonserver(
+    bento_launcher, slow_synthetic_model: str
+) -> None:
+    """A stub that died (here: SIGKILL of the CPU engine's; for real, tritonserver 2.51's BLS
+    stub aborting on a corrupted heap) leaves its requests waiting for ever, and tritonserver
+    stays up. The supervisor sees the dead stub and restarts tritonserver."""
+    server = bento_launcher(slow_synthetic_model, wait=True)
+    triton = tritonserver_of(server)
+    watch = StreamWatch(server, "/generate", LONG)
+    assert watch.started.wait(20)
+    python_stub(server, "tensorrt_llm").kill()
+    killed_at = time.monotonic()
+
+    watch.thread.join(10)
+    assert not watch.thread.is_alive(), "the stream still waits on the dead stub"
+    assert watch.error is not None, "a cut stream must not look complete"
+    assert watch.ended_at is not None and watch.ended_at - killed_at < 5.0
+    wait_for_log(server, "restarting tritonserver: its Python backend stub(s)", 10)
+    wait_ready(server)
+    assert tritonserver_of(server).pid != triton.pid
+    assert serves_requests(server.url)
+
+
 def test_sigterm_drains_the_stream_and_leaves_nothing(slow_metrics_server) -> None:
     """Runs last on the shared server: it stops it."""
     server, _ = slow_metrics_server

@@ -1,0 +1,91 @@
+"""Notice when a Python backend stub of a running tritonserver dies.
+
+A stub that dies (out of memory, a crash: tritonserver 2.51's Python backend corrupts its heap
+under some BLS loads) is never started again: its model fails every later request with "Stub
+process '<instance>' is not healthy", and the requests it was serving wait forever. tritonserver
+itself stays up, so the supervisor, which watches tritonserver's exit, would not see it. This reads
+/proc, where a dead stub stays a zombie (tritonserver does not reap it) or disappears.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The kernel keeps 15 characters of an executable's name; a zombie has no command line left.
+STUB_COMM = "triton_python_backend_stub"[:15]
+_DEAD_STATES = {"Z", "X"}
+
+
+def _stat(pid_dir: Path) -> tuple[str, str, int] | None:
+    """(comm, state, parent pid) of one /proc/<pid> entry, None if it is gone."""
+    try:
+        text = (pid_dir / "stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ")"
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    return head.partition("(")[2], fields[0], int(fields[1])
+
+
+def python_stubs(root_pid: int, proc: Path = Path("/proc")) -> dict[int, bool]:
+    """Python backend stubs among the descendants of root_pid (tritonserver, or mpirun with its
+    ranks), each with whether it is still alive."""
+    children: dict[int, list[int]] = {}
+    stubs: dict[int, bool] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _stat(entry)
+        if stat is None:
+            continue
+        comm, state, parent = stat
+        pid = int(entry.name)
+        children.setdefault(parent, []).append(pid)
+        if comm == STUB_COMM:
+            stubs[pid] = state not in _DEAD_STATES
+    found: dict[int, bool] = {}
+    pending = list(children.get(root_pid, []))
+    while pending:
+        pid = pending.pop()
+        if pid in stubs:
+            found[pid] = stubs[pid]
+        pending.extend(children.get(pid, []))
+    return found
+
+
+class StubWatch:
+    """The stubs of one tritonserver run: `dead()` lists each stub once, at the first call that
+    finds it dead (a zombie) or gone after an earlier call saw it alive.
+
+    Scanning all of /proc takes milliseconds on a busy host, in a thread that shares the
+    worker's GIL, so the full scan runs every `rescan_every` calls (to see stubs of models loaded
+    later) and the other calls only look at the stubs already known.
+    """
+
+    def __init__(self, root_pid: int, proc: Path = Path("/proc"), rescan_every: int = 30) -> None:
+        self.root_pid = root_pid
+        self.proc = proc
+        self.rescan_every = rescan_every
+        self._calls = 0
+        self._alive: set[int] = set()
+        self._reported: set[int] = set()
+
+    def _known_stubs(self) -> dict[int, bool]:
+        stubs = {}
+        for pid in self._alive:
+            stat = _stat(self.proc / str(pid))
+            if stat is not None and stat[0] == STUB_COMM:  # else gone, or its pid reused
+                stubs[pid] = stat[1] not in _DEAD_STATES
+        return stubs
+
+    def dead(self) -> list[int]:
+        rescan = self._calls % self.rescan_every == 0
+        self._calls += 1
+        stubs = python_stubs(self.root_pid, self.proc) if rescan else self._known_stubs()
+        gone = {pid for pid in self._alive if pid not in stubs}
+        zombies = {pid for pid, alive in stubs.items() if not alive}
+        dead = sorted((gone | zombies) - self._reported)
+        self._reported.update(dead)
+        self._alive = {pid for pid, alive in stubs.items() if alive}
+        return dead
