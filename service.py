@@ -31,6 +31,7 @@ from tensorrtllm_backend.errors import (
     StreamAborted,
     as_api_error,
     error_response,
+    log_api_errors_briefly,
 )
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
@@ -49,6 +50,7 @@ WORKERS = worker_count()
 share_triton_ports(WORKERS)  # in `bentoml serve`'s own process, before it starts the workers
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
 log_server_errors_once()
+log_api_errors_briefly()
 
 
 def _current_service() -> TRTLLM | None:

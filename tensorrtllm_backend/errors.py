@@ -10,6 +10,7 @@ renders those errors like `/generate_text` does instead.
 
 from __future__ import annotations
 
+import logging
 from contextvars import ContextVar
 from http import HTTPStatus
 
@@ -39,6 +40,32 @@ class APIError(BentoMLException):
     @property
     def status(self) -> int:
         return int(self.error_code)
+
+
+class BriefAPIErrorLog(logging.Filter):
+    """BentoML logs what a streaming API raises with its traceback, at ERROR, whatever the
+    status: one line per bad request, and hundreds of tracebacks a second while tritonserver
+    restarts. An APIError is an answer we chose, so it is logged as one line: WARNING for the
+    client's mistakes (4xx), ERROR for the server's (5xx)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, APIError):
+            record.msg, record.args = "%s: %d %s", (record.getMessage(), error.status, str(error))
+            record.exc_info = record.exc_text = None
+            if error.status < 500:
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+# The logger of BentoML's HTTP app, which logs the exceptions of API functions.
+BENTOML_API_LOGGER = "bentoml._internal.server.http_app"
+
+
+def log_api_errors_briefly() -> None:
+    api_logger = logging.getLogger(BENTOML_API_LOGGER)
+    if not any(isinstance(f, BriefAPIErrorLog) for f in api_logger.filters):
+        api_logger.addFilter(BriefAPIErrorLog())
 
 
 # Set by NativeErrorMiddleware for one request: the APIError the API raised, if any. A mutable

@@ -1,5 +1,6 @@
 """log_server_errors_once: BentoML 1.4 printed every uvicorn server error twice (its own handler,
-then the root's identical one); the fix applies only in exactly that configuration."""
+then the root's identical one); the fix applies only in exactly that configuration. And the
+errors a streaming API raises on purpose are logged as one line each."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from tensorrtllm_backend.deployment import log_server_errors_once
+from tensorrtllm_backend.errors import (
+    BENTOML_API_LOGGER,
+    APIError,
+    BriefAPIErrorLog,
+    log_api_errors_briefly,
+)
 
 
 @pytest.fixture
@@ -46,3 +53,30 @@ def test_other_configurations_are_left_alone(loggers) -> None:
     server_errors.propagate = True
     log_server_errors_once()
     assert server_errors.propagate is True
+
+
+def test_api_errors_are_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """What /generate raises reaches BentoML's log as one line, not a traceback per request."""
+    log_api_errors_briefly()
+    log_api_errors_briefly()  # idempotent: one filter
+    api_logger = logging.getLogger(BENTOML_API_LOGGER)
+    assert sum(isinstance(f, BriefAPIErrorLog) for f in api_logger.filters) == 1
+    caplog.set_level(logging.INFO, logger=BENTOML_API_LOGGER)
+    for error in (
+        APIError("the model server is not available, retry shortly: 100% gone", 503),
+        APIError("max_tokens: must be at least 1", 400),
+        RuntimeError("a bug"),
+    ):
+        try:
+            raise error
+        except Exception:
+            api_logger.error("Exception on %s [%s]", "/generate", "POST", exc_info=True)
+    unavailable, bad_request, bug = caplog.records
+    assert unavailable.levelno == logging.ERROR and unavailable.exc_info is None
+    assert unavailable.getMessage() == (
+        "Exception on /generate [POST]: 503 the model server is not available, retry shortly: "
+        "100% gone"
+    )
+    assert bad_request.levelno == logging.WARNING and bad_request.exc_info is None
+    assert "400 max_tokens: must be at least 1" in bad_request.getMessage()
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None  # a real bug keeps its trace
