@@ -465,8 +465,8 @@ class TritonSupervisor:
                     dead = stubs.dead()
                     if dead:
                         self.restart(
-                            f"its Python backend stub(s) {dead} died, and tritonserver does not "
-                            "start them again"
+                            f"the Python backend stub of {', '.join(dead)} died, and "
+                            "tritonserver does not start it again"
                         )
                 continue
             code = run.process.returncode

@@ -28,6 +28,16 @@ def _stat(pid_dir: Path) -> tuple[str, str, int] | None:
     return head.partition("(")[2], fields[0], int(fields[1])
 
 
+def _model_of(pid_dir: Path) -> str:
+    """The model a live stub serves: its first argument is <repository>/<model>/<version>/model.py."""
+    try:
+        arguments = (pid_dir / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    parts = Path(arguments[1].decode(errors="replace")).parts if len(arguments) > 1 else ()
+    return parts[-3] if len(parts) >= 3 else "?"
+
+
 def python_stubs(root_pid: int, proc: Path = Path("/proc")) -> dict[int, bool]:
     """Python backend stubs among the descendants of root_pid (tritonserver, or mpirun with its
     ranks), each with whether it is still alive."""
@@ -55,8 +65,8 @@ def python_stubs(root_pid: int, proc: Path = Path("/proc")) -> dict[int, bool]:
 
 
 class StubWatch:
-    """The stubs of one tritonserver run: `dead()` lists each stub once, at the first call that
-    finds it dead (a zombie) or gone after an earlier call saw it alive.
+    """The stubs of one tritonserver run: `dead()` names each stub once ("<model> (pid N)"), at
+    the first call that finds it dead (a zombie) or gone after an earlier call saw it alive.
 
     Scanning all of /proc takes milliseconds on a busy host, in a thread that shares the
     worker's GIL, so the full scan runs every `rescan_every` calls (to see stubs of models loaded
@@ -70,6 +80,7 @@ class StubWatch:
         self._calls = 0
         self._alive: set[int] = set()
         self._reported: set[int] = set()
+        self._models: dict[int, str] = {}  # read while alive: a zombie has no command line
 
     def _known_stubs(self) -> dict[int, bool]:
         stubs = {}
@@ -79,7 +90,7 @@ class StubWatch:
                 stubs[pid] = stat[1] not in _DEAD_STATES
         return stubs
 
-    def dead(self) -> list[int]:
+    def dead(self) -> list[str]:
         rescan = self._calls % self.rescan_every == 0
         self._calls += 1
         stubs = python_stubs(self.root_pid, self.proc) if rescan else self._known_stubs()
@@ -88,4 +99,6 @@ class StubWatch:
         dead = sorted((gone | zombies) - self._reported)
         self._reported.update(dead)
         self._alive = {pid for pid, alive in stubs.items() if alive}
-        return dead
+        for pid in self._alive - self._models.keys():
+            self._models[pid] = _model_of(self.proc / str(pid))
+        return [f"{self._models.get(pid, '?')} (pid {pid})" for pid in dead]

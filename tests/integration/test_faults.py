@@ -298,7 +298,9 @@ def test_dead_python_stub_ends_its_streams_and_restarts_tritonserver(
     assert not watch.thread.is_alive(), "the stream still waits on the dead stub"
     assert watch.error is not None, "a cut stream must not look complete"
     assert watch.ended_at is not None and watch.ended_at - killed_at < 5.0
-    wait_for_log(server, "restarting tritonserver: its Python backend stub(s)", 10)
+    wait_for_log(
+        server, "restarting tritonserver: the Python backend stub of tensorrt_llm (pid", 10
+    )
     wait_ready(server)
     assert tritonserver_of(server).pid != triton.pid
     assert serves_requests(server.url)

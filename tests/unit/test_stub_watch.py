@@ -3,6 +3,7 @@ started by this test process the way tritonserver starts its stubs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,11 +25,24 @@ def stub_binary(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def model_stub(tmp_path: Path) -> tuple[Path, Path]:
+    """A stub that runs a model file, as the real one does: a copy of bash running a script
+    at <repository>/<model>/1/model.py."""
+    binary = tmp_path / "shell" / "triton_python_backend_stub"
+    binary.parent.mkdir()
+    shutil.copy(shutil.which("bash") or "/bin/bash", binary)
+    model = tmp_path / "repository" / "postprocessing" / "1" / "model.py"
+    model.parent.mkdir(parents=True)
+    model.write_text("sleep 60\n")
+    return binary, model
+
+
+@pytest.fixture
 def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
     for process in started:
-        if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # also what a killed shell left running
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
@@ -64,21 +78,21 @@ def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: li
 
 @pytest.mark.parametrize("rescan_every", [1, 30])
 def test_a_dead_stub_is_reported_once(
-    stub_binary: Path, processes: list, rescan_every: int
+    stub_binary: Path, model_stub: tuple[Path, Path], processes: list, rescan_every: int
 ) -> None:
-    first = start(processes, str(stub_binary), "60")
+    first = start(processes, *map(str, model_stub))
     second = start(processes, str(stub_binary), "60")
     watch = StubWatch(os.getpid(), rescan_every=rescan_every)
     assert watch.dead() == []
 
     first.kill()
     wait_zombie(first.pid)  # not reaped yet, as tritonserver leaves it
-    assert watch.dead() == [first.pid]
+    assert watch.dead() == [f"postprocessing (pid {first.pid})"]
     assert watch.dead() == []  # reported once
 
     second.kill()
     second.wait()  # reaped: gone from /proc
-    assert watch.dead() == [second.pid]
+    assert watch.dead() == [f"? (pid {second.pid})"]  # no model argument
     assert watch.dead() == []
 
 
@@ -86,4 +100,4 @@ def test_a_stub_dead_before_the_first_look_is_reported(stub_binary: Path, proces
     stub = start(processes, str(stub_binary), "60")
     stub.kill()
     wait_zombie(stub.pid)
-    assert StubWatch(os.getpid()).dead() == [stub.pid]
+    assert StubWatch(os.getpid()).dead() == [f"? (pid {stub.pid})"]
