@@ -80,6 +80,11 @@ class Cell:
         return f"ITL {self.itl_ms:g} ms, C={self.concurrency}"
 
 
+# The cells issue 6's targets name (besides ITL 0 ms, C=1 and ITL 20 ms, C=32).
+ZERO_ITL_CELL = Cell(0.0, 64)
+HIGH_ITL_CELL = Cell(20.0, 128)
+
+
 def parse_cells(text: str) -> list[Cell]:
     cells = []
     for item in text.split(","):
@@ -163,6 +168,8 @@ class Run:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     interleaved: list[InterleavedRounds] = field(default_factory=list)
+    # client: the baseline proxy, service: our native stream (each on its own tritonserver)
+    baseline_rounds: list[InterleavedRounds] = field(default_factory=list)
 
 
 async def load_with_cpu(
@@ -257,38 +264,25 @@ async def _round(
     return summary
 
 
-async def interleaved_rounds(
-    run: Run, cell: Cell, service: Service, prompts: Sequence[PromptCase], pad_id: int,
-    rounds: int,
-) -> None:  # fmt: skip
-    """A bare gRPC client and the native stream in alternating rounds against the same
-    tritonserver (the service's), so that slow phases of a shared machine hit both alike: the
-    service's cost over direct gRPC (tokens/s, TTFT, CPU per token) without the drift between
-    two measurements minutes apart."""
-    if service.triton_grpc_url is None:
-        return
-    n = requests_for(cell, False, run.args.requests)
+async def alternate(
+    cell: Cell, prompts: Sequence[PromptCase], rounds: int, n: int,
+    first: tuple[str, RequestFn, Callable[[], float]],
+    second: tuple[str, RequestFn, Callable[[], float]],
+) -> InterleavedRounds:  # fmt: skip
+    """`rounds` rounds of `first` then `second`, each (name, request, CPU clock)."""
     paired = InterleavedRounds(cell.label)
-    direct = GrpcDirect(service.triton_grpc_url, run.args.max_tokens, pad_id)
-    try:
-        async with http_client(cell.concurrency) as client:
-            native = TextStream(client, f"{service.url}/generate", run.args.max_tokens, "decode")
-            for _ in range(rounds):
-                paired.client.append(
-                    await _round(direct, prompts, n, cell, "grpc_direct", own_cpu_s)
-                )
-                paired.service.append(
-                    await _round(native, prompts, n, cell, "native[direct]", service.serving_cpu_s)
-                )
-    finally:
-        await direct.close()
-    run.interleaved.append(paired)
+    for _ in range(rounds):
+        paired.client.append(await _round(first[1], prompts, n, cell, first[0], first[2]))
+        paired.service.append(await _round(second[1], prompts, n, cell, second[0], second[2]))
+    return paired
 
+
+def print_rounds(paired: InterleavedRounds, what: str) -> None:
     def each(summaries: list[TargetSummary], value: Callable[[TargetSummary], float | None]) -> str:
         return "/".join(format_number(value(summary), 0) for summary in summaries)
 
     print(
-        f"  {cell.label:<22} {rounds} interleaved rounds, bare gRPC client vs native: "
+        f"  {paired.cell:<22} {paired.rounds} interleaved rounds, {what}: "
         f"tok/s {each(paired.client, lambda s: s.tokens_per_s)} vs "
         f"{each(paired.service, lambda s: s.tokens_per_s)}, "
         f"TTFT p50 ms {each(paired.client, lambda s: s.ttft_ms.p50)} vs "
@@ -300,6 +294,52 @@ async def interleaved_rounds(
         f"CPU +{format_number(paired.added_median, 0)} us/tok",
         flush=True,
     )
+
+
+async def interleaved_rounds(
+    run: Run, cell: Cell, service: Service, prompts: Sequence[PromptCase], pad_id: int,
+    rounds: int,
+) -> None:  # fmt: skip
+    """A bare gRPC client and the native stream in alternating rounds against the same
+    tritonserver (the service's), so that slow phases of a shared machine hit both alike: the
+    service's cost over direct gRPC (tokens/s, TTFT, CPU per token) without the drift between
+    two measurements minutes apart."""
+    if service.triton_grpc_url is None:
+        return
+    n = requests_for(cell, False, run.args.requests)
+    direct = GrpcDirect(service.triton_grpc_url, run.args.max_tokens, pad_id)
+    try:
+        async with http_client(cell.concurrency) as client:
+            native = TextStream(client, f"{service.url}/generate", run.args.max_tokens, "decode")
+            paired = await alternate(
+                cell, prompts, rounds, n,
+                ("grpc_direct", direct, own_cpu_s),
+                ("native[direct]", native, service.serving_cpu_s),
+            )  # fmt: skip
+    finally:
+        await direct.close()
+    run.interleaved.append(paired)
+    print_rounds(paired, "bare gRPC client vs native")
+
+
+async def baseline_rounds(
+    run: Run, cell: Cell, baseline: Service, service: Service, prompts: Sequence[PromptCase],
+    rounds: int,
+) -> None:  # fmt: skip
+    """The baseline proxy and the native stream in alternating rounds, for the 2x goal: the
+    same drift-free comparison as interleaved_rounds, each service on its own tritonserver."""
+    n = requests_for(cell, False, run.args.requests)
+    max_tokens = run.args.max_tokens
+    async with http_client(cell.concurrency) as client:
+        paired = await alternate(
+            cell, prompts, rounds, n,
+            ("baseline_proxy", TextStream(client, f"{baseline.url}/generate", max_tokens,
+                                          "ensemble", native=False), baseline.serving_cpu_s),
+            ("native[direct]", TextStream(client, f"{service.url}/generate", max_tokens,
+                                          "decode"), service.serving_cpu_s),
+        )  # fmt: skip
+    run.baseline_rounds.append(paired)
+    print_rounds(paired, "baseline proxy vs native")
 
 
 async def openai_model_name(url: str) -> str:
@@ -377,6 +417,13 @@ def run_local(run: Run, procs: Processes) -> None:
                             native=False,
                         )  # fmt: skip
                     )
+                    rounds = interleaved_round_count(args)
+                    zero = [cell for cell in group if cell == ZERO_ITL_CELL]
+                    if first_service is not None and routes[0] == "direct" and rounds and zero:
+                        procs.wait_workers(first_service, args.workers)
+                        asyncio.run(
+                            baseline_rounds(run, zero[0], baseline, first_service, prompts, rounds)
+                        )
                 finally:
                     procs.stop_service(baseline)
         finally:
@@ -512,9 +559,10 @@ def report(run: Run, started: float) -> dict[str, Any]:
     add_ratios(summaries)
     print()
     print(format_table(summaries))
-    zero = Cell(0.0, 64).label
-    high = Cell(20.0, 128).label
-    goals = check_goals(summaries, "native[direct]", "openai[direct]", high, zero, run.interleaved)
+    goals = check_goals(
+        summaries, "native[direct]", "openai[direct]", HIGH_ITL_CELL.label, ZERO_ITL_CELL.label,
+        run.interleaved, run.baseline_rounds,
+    )  # fmt: skip
     if goals and not args.url:
         changed = {k: v for k, v in service_settings(args).items() if v != "1"}
         settings = ", ".join(f"{k}={v}" for k, v in changed.items()) or "default settings"
@@ -543,6 +591,7 @@ def report(run: Run, started: float) -> dict[str, Any]:
         },  # fmt: skip
         "results": [s.as_dict() for s in summaries],
         "interleaved_rounds": [rounds.as_dict() for rounds in run.interleaved],
+        "baseline_rounds": [rounds.as_dict() for rounds in run.baseline_rounds],
         "goals": [
             {"name": g.name, "cell": g.cell, "passed": g.passed, "detail": g.detail} for g in goals
         ],
