@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="rounds",
         type=int,
         help="alternating rounds of bare gRPC client / native against the service's own "
-        "tritonserver, which the goals comparing the two use (default 3, 1 with --quick, 0: none)",
+        "tritonserver, and of baseline / native at ITL 0 ms, C=64, which the goals comparing "
+        "them use (default 3, 1 with --quick, 0: none)",
     )
     parser.add_argument(
         "--cold-start",
