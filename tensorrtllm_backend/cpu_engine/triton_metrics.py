@@ -57,9 +57,16 @@ class MetricsPublisher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Call from the model's finalize: besides the thread, this releases the metric objects
+        while the stub can still reach tritonserver. A MetricFamily left to the interpreter's
+        exit is destroyed after the stub's shared memory is gone, and the stub segfaults (a core
+        file in the working directory at every shutdown where core dumps are on)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(2.0)
+        if not self._thread.is_alive():  # else a publish may still use them: leave them be
+            self._metrics.clear()
+            self._families.clear()
 
     def publish(self) -> None:
         """Push what changed since the last call (an idle model makes no IPC calls at all)."""
