@@ -43,7 +43,11 @@ def python_stubs(root_pid: int, proc: Path = Path("/proc")) -> dict[int, bool]:
     ranks), each with whether it is still alive."""
     children: dict[int, list[int]] = {}
     stubs: dict[int, bool] = {}
-    for entry in proc.iterdir():
+    try:
+        entries = list(proc.iterdir())
+    except OSError:  # no /proc (not Linux): nothing to watch
+        return {}
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         stat = _stat(entry)

@@ -101,3 +101,8 @@ def test_a_stub_dead_before_the_first_look_is_reported(stub_binary: Path, proces
     stub.kill()
     wait_zombie(stub.pid)
     assert StubWatch(os.getpid()).dead() == [f"? (pid {stub.pid})"]
+
+
+def test_without_proc_there_is_nothing_to_watch(tmp_path: Path) -> None:
+    assert python_stubs(1, tmp_path / "no-proc") == {}
+    assert StubWatch(1, tmp_path / "no-proc").dead() == []
