@@ -462,7 +462,11 @@ class TritonSupervisor:
                 if ticks % STUB_CHECK_TICKS == 0 and self._state is ServerState.READY:
                     if stubs is None or stubs.root_pid != run.process.pid:
                         stubs = StubWatch(run.process.pid)
-                    dead = stubs.dead()
+                    try:
+                        dead = stubs.dead()
+                    except Exception:  # an unreadable /proc must not end the supervision
+                        logger.exception("checking tritonserver's Python stubs failed")
+                        dead = []
                     if dead:
                         self.restart(
                             f"the Python backend stub of {', '.join(dead)} died, and "
