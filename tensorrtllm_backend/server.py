@@ -452,6 +452,7 @@ class TritonSupervisor:
     def _watch(self) -> None:
         backoff = 1.0
         stubs: StubWatch | None = None
+        check_stubs = True
         ticks = 0
         while not self._stop_event.wait(0.2):
             run = self._run
@@ -459,14 +460,15 @@ class TritonSupervisor:
                 continue
             if run.process.poll() is None:
                 ticks += 1
-                if ticks % STUB_CHECK_TICKS == 0 and self._state is ServerState.READY:
+                due = check_stubs and ticks % STUB_CHECK_TICKS == 0
+                if due and self._state is ServerState.READY:
                     if stubs is None or stubs.root_pid != run.process.pid:
                         stubs = StubWatch(run.process.pid)
                     try:
                         dead = stubs.dead()
                     except Exception:  # an unreadable /proc must not end the supervision
-                        logger.exception("checking tritonserver's Python stubs failed")
-                        dead = []
+                        logger.exception("checking tritonserver's Python stubs failed; stopped")
+                        check_stubs, dead = False, []
                     if dead:
                         self.restart(
                             f"the Python backend stub of {', '.join(dead)} died, and "
