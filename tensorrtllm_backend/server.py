@@ -342,6 +342,8 @@ class TritonSupervisor:
         self._thread: threading.Thread | None = None
         self._restarts = 0
         self._ports: TritonPorts | None = None
+        self._stubs: StubWatch | None = None  # the Python stubs of the current run
+        self._check_stubs = True
         self._log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tritonserver-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -451,8 +453,6 @@ class TritonSupervisor:
 
     def _watch(self) -> None:
         backoff = 1.0
-        stubs: StubWatch | None = None
-        check_stubs = True
         ticks = 0
         while not self._stop_event.wait(0.2):
             run = self._run
@@ -460,20 +460,8 @@ class TritonSupervisor:
                 continue
             if run.process.poll() is None:
                 ticks += 1
-                due = check_stubs and ticks % STUB_CHECK_TICKS == 0
-                if due and self._state is ServerState.READY:
-                    if stubs is None or stubs.root_pid != run.process.pid:
-                        stubs = StubWatch(run.process.pid)
-                    try:
-                        dead = stubs.dead()
-                    except Exception:  # an unreadable /proc must not end the supervision
-                        logger.exception("checking tritonserver's Python stubs failed; stopped")
-                        check_stubs, dead = False, []
-                    if dead:
-                        self.restart(
-                            f"the Python backend stub of {', '.join(dead)} died, and "
-                            "tritonserver does not start it again"
-                        )
+                if ticks % STUB_CHECK_TICKS == 0 and self._state is ServerState.READY:
+                    self._restart_if_a_stub_died(run)
                 continue
             code = run.process.returncode
             logger.error(
@@ -498,6 +486,23 @@ class TritonSupervisor:
                     if self._stop_event.wait(backoff):
                         return
                     backoff = min(backoff * 2, self.config.max_restart_backoff_s)
+
+    def _restart_if_a_stub_died(self, run: _Run) -> None:
+        if not self._check_stubs:
+            return
+        if self._stubs is None or self._stubs.root_pid != run.process.pid:
+            self._stubs = StubWatch(run.process.pid)
+        try:
+            dead = self._stubs.dead()
+        except Exception:  # an unreadable /proc must not end the supervision
+            logger.exception("checking tritonserver's Python stubs failed; not checking again")
+            self._check_stubs = False
+            return
+        if dead:
+            self.restart(
+                f"the Python backend stub of {', '.join(dead)} died, and tritonserver does not "
+                "start it again"
+            )
 
     def _launch_until_ready(self, state: ServerState) -> None:
         self._set_state(state)
