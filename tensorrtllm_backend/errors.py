@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from http import HTTPStatus
 
 from bentoml.exceptions import BentoMLException
+from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -44,17 +45,22 @@ class APIError(BentoMLException):
 
 class BriefAPIErrorLog(logging.Filter):
     """BentoML logs what a streaming API raises with its traceback, at ERROR, whatever the
-    status: one line per bad request, and hundreds of tracebacks a second while tritonserver
-    restarts. An APIError is an answer we chose, so it is logged as one line: WARNING for the
-    client's mistakes (4xx), ERROR for the server's (5xx)."""
+    status: a traceback per bad request, and hundreds a second while tritonserver restarts. An
+    APIError is an answer we chose, and a request body that fails validation is the client's
+    mistake, so each is logged as one line: WARNING for 4xx, ERROR for 5xx."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, APIError):
-            record.msg, record.args = "%s: %d %s", (record.getMessage(), error.status, str(error))
-            record.exc_info = record.exc_text = None
-            if error.status < 500:
-                record.levelno, record.levelname = logging.WARNING, "WARNING"
+            status, text = error.status, str(error)
+        elif isinstance(error, ValidationError):  # BentoML answers it with a 400
+            status, text = 400, f"{error.error_count()} validation error(s) for {error.title}"
+        else:
+            return True
+        record.msg, record.args = "%s: %d %s", (record.getMessage(), status, text)
+        record.exc_info = record.exc_text = None
+        if status < 500:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 

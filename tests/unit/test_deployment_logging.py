@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from pydantic import ValidationError
 
 from tensorrtllm_backend.deployment import log_server_errors_once
 from tensorrtllm_backend.errors import (
@@ -16,6 +17,7 @@ from tensorrtllm_backend.errors import (
     BriefAPIErrorLog,
     log_api_errors_briefly,
 )
+from tensorrtllm_backend.schemas import GenerateRequest
 
 
 @pytest.fixture
@@ -71,7 +73,11 @@ def test_api_errors_are_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> 
             raise error
         except Exception:
             api_logger.error("Exception on %s [%s]", "/generate", "POST", exc_info=True)
-    unavailable, bad_request, bug = caplog.records
+    try:
+        GenerateRequest.model_validate({"prompt": "hi", "max_tokens": "many"})
+    except ValidationError:
+        api_logger.error("Exception on %s [%s]", "/generate", "POST", exc_info=True)
+    unavailable, bad_request, bug, invalid = caplog.records
     assert unavailable.levelno == logging.ERROR and unavailable.exc_info is None
     assert unavailable.getMessage() == (
         "Exception on /generate [POST]: 503 the model server is not available, retry shortly: "
@@ -80,3 +86,5 @@ def test_api_errors_are_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> 
     assert bad_request.levelno == logging.WARNING and bad_request.exc_info is None
     assert "400 max_tokens: must be at least 1" in bad_request.getMessage()
     assert bug.levelno == logging.ERROR and bug.exc_info is not None  # a real bug keeps its trace
+    assert invalid.levelno == logging.WARNING and invalid.exc_info is None
+    assert "400 1 validation error(s) for GenerateRequest" in invalid.getMessage()
