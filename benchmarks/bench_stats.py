@@ -322,6 +322,22 @@ def _ratio_goal(name: str, cell: str, ratio: float | None, minimum: float, digit
     )
 
 
+def _paired_ratio_goal(
+    name: str, cell: str, minimum: float, digits: int,
+    paired: InterleavedRounds | None, separate: float | None,
+) -> Goal | None:  # fmt: skip
+    """A throughput-ratio goal judged on the median of `paired`'s rounds when there is one (the
+    separate figure goes in the detail), else on `separate`; None if neither was measured."""
+    if paired is not None and paired.tokens_ratio_median is not None:
+        goal = _ratio_goal(name, cell, paired.tokens_ratio_median, minimum, digits)
+        how = (
+            f" (median of {paired.rounds} interleaved rounds; "
+            f"separate runs {format_number(separate, digits)}x)"
+        )
+        return Goal(goal.name, goal.cell, goal.passed, goal.detail + how)
+    return None if separate is None else _ratio_goal(name, cell, separate, minimum, digits)
+
+
 def check_goals(
     summaries: Sequence[TargetSummary],
     native: str,
@@ -345,16 +361,19 @@ def check_goals(
     paired = rounds.get(high_itl_cell)
     separate_ratio = _ratio(nat.tokens_per_s, direct.tokens_per_s) if direct and nat else None
     separate_delta = nat.ratios.get("ttft_p50_delta_ms") if direct and nat else None
+    tokens_goal = _paired_ratio_goal(
+        "native tok/s >= 0.97x direct", high_itl_cell, 0.97, 3, paired, separate_ratio
+    )
     if paired is not None and paired.tokens_ratio_median is not None:
-        how = f"median of {paired.rounds} interleaved rounds"
-        ratio, delta = paired.tokens_ratio_median, paired.ttft_delta_median
-        ratio_detail = f" ({how}; separate runs {format_number(separate_ratio, 3)}x)"
-        delta_detail = f" ({how}; separate runs {format_number(separate_delta)} ms)"
+        delta = paired.ttft_delta_median
+        delta_detail = (
+            f" (median of {paired.rounds} interleaved rounds; "
+            f"separate runs {format_number(separate_delta)} ms)"
+        )
     else:
-        ratio, delta, ratio_detail, delta_detail = separate_ratio, separate_delta, "", ""
-    if ratio is not None:
-        goal = _ratio_goal("native tok/s >= 0.97x direct", high_itl_cell, ratio, 0.97, 3)
-        goals.append(Goal(goal.name, goal.cell, goal.passed, goal.detail + ratio_detail))
+        delta, delta_detail = separate_delta, ""
+    if tokens_goal is not None:
+        goals.append(tokens_goal)
         goals.append(
             Goal(
                 "native TTFT p50 <= direct + 5 ms",
@@ -380,17 +399,11 @@ def check_goals(
         )
     separate_base = _ratio(nat0.tokens_per_s, base0.tokens_per_s) if nat0 and base0 else None
     paired_base = next((r for r in baseline_rounds if r.cell == zero_cell), None)
-    if paired_base is not None and paired_base.tokens_ratio_median is not None:
-        goal = _ratio_goal(
-            "native tok/s >= 2x baseline", zero_cell, paired_base.tokens_ratio_median, 2.0, 2
-        )
-        how = (
-            f" (median of {paired_base.rounds} interleaved rounds; "
-            f"separate runs {format_number(separate_base, 2)}x)"
-        )
-        goals.append(Goal(goal.name, goal.cell, goal.passed, goal.detail + how))
-    elif separate_base is not None:
-        goals.append(_ratio_goal("native tok/s >= 2x baseline", zero_cell, separate_base, 2.0, 2))
+    base_goal = _paired_ratio_goal(
+        "native tok/s >= 2x baseline", zero_cell, 2.0, 2, paired_base, separate_base
+    )
+    if base_goal is not None:
+        goals.append(base_goal)
     for cell in (zero_cell, high_itl_cell):
         # What the proxy adds on top of receiving Triton's responses, which any gRPC client
         # pays (grpc_direct's client); both absolute figures are in the detail.
