@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -79,32 +79,48 @@ class _Pump(Generic[T]):
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-        aclose = getattr(self.source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await _close(self.source)
 
 
 async def coalesce(
     source: AsyncIterator[T], merge: Callable[[list[T]], T], interval: int = 1
 ) -> AsyncIterator[T]:
     """Yield `merge(pieces)` of everything that arrived since the previous yield; after the
-    first, at least `interval` pieces each (the last one may have fewer)."""
-    pump = _Pump(source)
-    wanted = 1
+    first, at least `interval` pieces each (the last one may have fewer).
+
+    The first piece is read in the caller's own task. Starting the reader task and handing the
+    piece back would cost two event-loop turns before the first byte, and on a busy loop those
+    turns are a large part of the time to first token (docs/performance.md, "Seventh session").
+    """
+    pump: _Pump[T] | None = None
     try:
+        try:
+            first = await anext(source)
+        except StopAsyncIteration:
+            return
+        yield merge([first])
+        pump = _Pump(source)
         while True:
-            pieces = await pump.take(wanted)
+            pieces = await pump.take(interval)
             end = pieces[-1] if isinstance(pieces[-1], _End) else None
             data = pieces[:-1] if end is not None else pieces
             if data:
                 yield merge(data)  # type: ignore[arg-type]
-                wanted = interval
             if end is not None:
                 if end.error is not None:
                     raise end.error
                 return
     finally:
-        await pump.close()
+        if pump is not None:
+            await pump.close()
+        else:
+            await _close(source)
+
+
+async def _close(source: AsyncIterator[Any]) -> None:
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def join_text(pieces: list[str]) -> str:

@@ -31,6 +31,36 @@ async def test_a_consumer_that_keeps_up_gets_one_message_per_piece() -> None:
     assert log == ["source closed"]
 
 
+async def test_the_first_piece_costs_no_event_loop_turn() -> None:
+    """Under load every turn of the event loop is a wait behind the other streams' tokens: the
+    first piece must reach the consumer without starting a task or a hand-off."""
+
+    async def ready_pieces() -> AsyncIterator[str]:
+        yield "first,"
+        await asyncio.sleep(0)
+        yield "second,"
+
+    turns = 0
+
+    def count_turn() -> None:
+        nonlocal turns
+        turns += 1
+
+    asyncio.get_running_loop().call_soon(count_turn)
+    stream = coalesce(ready_pieces(), join_text)
+    assert await anext(stream) == "first,"
+    assert turns == 0  # the callback queued before it has not run yet
+    assert [text async for text in stream] == ["second,"]
+
+
+async def test_leaving_after_the_first_piece_closes_the_source() -> None:
+    log: list[str] = []
+    stream = coalesce(pieces(10, log), join_text)
+    assert await anext(stream) == "0,"
+    await stream.aclose()
+    assert log == ["source closed"]
+
+
 async def test_a_slow_consumer_gets_the_pieces_merged_in_order() -> None:
     log: list[str] = []
     received = []
