@@ -6,6 +6,14 @@ gRPC call, which Triton turns into a cancelled request. A stream that is about t
 (cut at a stop string the engine also got, or a few tokens short of max_tokens) is better handed
 to :meth:`TritonLLMClient.let_finish`: a cancellation that races with the request's own end
 crashes tritonserver before r24.12 (server#7840), and the end costs the engine nothing more.
+
+A generation's call carries exactly one request, so it is made as a unary-stream call of that
+method. On the wire it is what tritonclient's ``stream_infer`` sends (metadata, one request,
+half-close), but gRPC sends all three in one batch as the call starts, where ``stream_infer`` (a
+bidirectional call fed by a request iterator) takes three event-loop turns and a thread hop
+before the request leaves. Under load every turn waits behind the other streams' tokens
+(docs/performance.md, "Seventh session"). Requests and responses are tritonclient's own
+(``InferInput``, ``InferRequestedOutput``, ``InferResult``).
 """
 
 from __future__ import annotations
@@ -13,14 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2
+from tritonclient.grpc._utils import _get_inference_request
+from tritonclient.utils import np_to_triton_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +88,31 @@ CHANNEL_ARGS = [
 ]
 
 
+STREAM_INFER_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def inference_request(
+    model_name: str,
+    tensors: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    request_id: str = "",
+) -> service_pb2.ModelInferRequest:
+    """The ModelInferRequest tritonclient's stream_infer would build for these tensors."""
+    return _get_inference_request(
+        model_name=model_name,
+        inputs=make_inputs(tensors),
+        model_version="",
+        request_id=request_id,
+        outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
+
+
 def make_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
     inputs = []
     for name, array in tensors.items():
@@ -119,7 +153,12 @@ class TritonLLMClient:
         self.url = url
         # Told the instance's name when a response says a model instance is dead.
         self.on_dead_instance = on_dead_instance
-        self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+        self._channel = grpc.aio.insecure_channel(url, options=CHANNEL_ARGS)
+        self._stream_infer = self._channel.unary_stream(
+            STREAM_INFER_METHOD,
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
         self._finishing: set[asyncio.Task[None]] = set()
         # Progress, for the stall watchdog: streams open and responses received so far.
         self.open_streams = 0
@@ -129,7 +168,7 @@ class TritonLLMClient:
         for task in list(self._finishing):
             task.cancel()
         await asyncio.gather(*self._finishing, return_exceptions=True)
-        await self._client.close()
+        await self._channel.close()
 
     def let_finish(
         self,
@@ -154,31 +193,21 @@ class TritonLLMClient:
         request_id: str,
     ) -> AsyncGenerator[InferResult, None]:
         """Yield each response of one (decoupled) request; cancel it if the caller stops early."""
-        request = {
-            "model_name": model_name,
-            "inputs": make_inputs(tensors),
-            "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs],
-            "request_id": request_id,
-        }
-
-        async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield request
-
+        request = inference_request(model_name, tensors, outputs, request_id)
         try:
-            responses = self._client.stream_infer(one_request())
-        except InferenceServerException as error:
+            call = self._stream_infer(request)
+        except grpc.aio.UsageError as error:  # the channel is closed: the service is stopping
             raise TritonUnavailableError(
                 f"cannot reach tritonserver at {self.url}: {error}"
             ) from error
         finished = False
         self.open_streams += 1
         try:
-            async for result, error in responses:
+            async for response in call:
                 self.responses_received += 1
-                if error is not None:
-                    raise self._model_error(model_name, error.message())
-                if result is not None:
-                    yield result
+                if response.error_message:
+                    raise self._model_error(model_name, response.error_message)
+                yield InferResult(response.infer_response)
             finished = True
         except grpc.aio.AioRpcError as error:
             if error.code() in _UNAVAILABLE_CODES:
@@ -190,7 +219,7 @@ class TritonLLMClient:
             self.open_streams -= 1
             if not finished:
                 # Early exit (stop string, disconnect, error): tell Triton to stop generating.
-                responses.cancel()
+                call.cancel()
 
     def _model_error(self, model_name: str, message: str) -> TritonClientError:
         instance = dead_instance(message)

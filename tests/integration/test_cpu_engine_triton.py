@@ -1,5 +1,6 @@
 """The CPU engine behind a real tritonserver (python backend, the filled tensorrt_llm template),
-driven with tritonclient.grpc.aio: streaming, non-streaming, concurrency, cancellation, errors."""
+driven with tritonclient.grpc.aio (and the service's own TritonLLMClient): streaming,
+non-streaming, concurrency, cancellation, errors."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import InferInput, InferRequestedOutput  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+from tensorrtllm_backend.client import (  # noqa: E402
+    TritonLLMClient,
+    TritonModelError,
+    TritonUnavailableError,
+)
 from tensorrtllm_backend.cpu_engine.config import write_engine_dir  # noqa: E402
 from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens  # noqa: E402
@@ -195,6 +201,7 @@ async def wait_metric(triton, name: str, model: str, predicate, timeout: float =
 
 
 PROMPT = [5, 6, 7, 8]
+OUTPUTS = ("output_ids", "sequence_length")
 
 
 async def test_streaming_synthetic_exact_tokens(client):
@@ -709,3 +716,79 @@ def test_a_graceful_stop_leaves_no_core_dump(engine_dirs, tmp_path, monkeypatch)
         resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
     supervisor.stop()
     assert not list(cwd.glob("core*"))
+
+
+# --- the service's own client: one unary-stream ModelStreamInfer call per request ----------------
+def client_tensors(prompt: list[int], output_len: int) -> dict[str, np.ndarray]:
+    return {
+        "input_ids": np.array([prompt], dtype=np.int32),
+        "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
+        "request_output_len": np.array([[output_len]], dtype=np.int32),
+        "streaming": np.array([[True]], dtype=bool),
+    }
+
+
+async def client_tokens(responses) -> list[int]:
+    tokens = []
+    async for result in responses:
+        ids = result.as_numpy("output_ids")
+        if ids is not None:
+            tokens.extend(int(t) for t in ids.reshape(-1))
+    return tokens
+
+
+async def test_service_client_streams_every_token_in_order(triton) -> None:
+    client = TritonLLMClient(triton.grpc_url)
+    try:
+        responses = client.stream(FAST, client_tensors(PROMPT, 40), OUTPUTS, "svc-order")
+        tokens = await client_tokens(responses)
+    finally:
+        await client.close()
+    assert tokens == predict_tokens(PROMPT, 40, vocab_size=VOCAB, eos_token_id=EOS)
+    assert client.open_streams == 0 and client.responses_received >= 40
+
+
+async def test_service_client_reports_a_model_error(triton) -> None:
+    client = TritonLLMClient(triton.grpc_url)
+    try:
+        too_long = client_tensors(list(range(3, 3 + 65)), 4)  # FAST's max_input_len is 64
+        with pytest.raises(TritonModelError):
+            await client_tokens(client.stream(FAST, too_long, OUTPUTS, "svc-error"))
+    finally:
+        await client.close()
+
+
+async def test_service_client_leaving_early_cancels_the_engine_request(triton) -> None:
+    await wait_metric(triton, "trtllm_cpu_engine_active_requests", SLOW, lambda v: v == 0)
+    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", SLOW)
+    client = TritonLLMClient(triton.grpc_url)
+    try:
+        responses = client.stream(SLOW, client_tensors(PROMPT, 1000), OUTPUTS, "svc-leave")
+        received = 0
+        async for _ in responses:
+            received += 1
+            if received == 3:
+                break
+        await responses.aclose()
+        cancelled = await wait_metric(
+            triton,
+            "trtllm_cpu_engine_cancelled_requests_total",
+            SLOW,
+            lambda v: v >= cancelled_before + 1,
+        )
+        assert cancelled == cancelled_before + 1
+        assert client.open_streams == 0
+    finally:
+        await client.close()
+    assert (
+        await wait_metric(triton, "trtllm_cpu_engine_active_requests", SLOW, lambda v: v == 0) == 0
+    )
+
+
+async def test_service_client_without_a_server_is_unavailable() -> None:
+    client = TritonLLMClient("127.0.0.1:1")
+    try:
+        with pytest.raises(TritonUnavailableError):
+            await client_tokens(client.stream(FAST, client_tensors(PROMPT, 2), OUTPUTS, "x"))
+    finally:
+        await client.close()
