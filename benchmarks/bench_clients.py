@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
-import tritonclient.grpc.aio as grpcclient
 
-from tensorrtllm_backend.client import make_inputs
+from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.translation import new_token_ids
 
 from .bench_stats import RequestRecord
 
 NO_END_ID = -1  # never stop on an end token: every request yields exactly max_tokens
+DIRECT_OUTPUTS = ("output_ids", "sequence_length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +109,25 @@ def _error_text(error: BaseException) -> str:
 
 
 # -- (a) Triton gRPC, tensorrt_llm with token ids: the floor ----------------------------------
+def exact_length_tensors(ids: Sequence[int], max_tokens: int, pad_id: int) -> dict[str, np.ndarray]:
+    """tensorrt_llm's inputs for a streamed request of exactly max_tokens tokens."""
+    return {
+        "input_ids": np.array([ids], dtype=np.int32),
+        "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+        "request_output_len": np.array([[max_tokens]], dtype=np.int32),
+        "end_id": np.array([[NO_END_ID]], dtype=np.int32),
+        "pad_id": np.array([[pad_id]], dtype=np.int32),
+        "streaming": np.array([[True]], dtype=np.bool_),
+    }
+
+
 class GrpcDirect:
-    """stream_infer on one shared aio client, like a lean in-process caller would do."""
+    """The service's own gRPC client (TritonLLMClient: one shared channel, the same call) with
+    nothing in front of it, like a lean in-process caller: what the service adds is then only
+    what it does besides talking to Triton."""
 
     def __init__(self, url: str, max_tokens: int, pad_id: int) -> None:
-        self.client = grpcclient.InferenceServerClient(url)
+        self.client = TritonLLMClient(url)
         self.max_tokens = max_tokens
         self.pad_id = pad_id
         self._count = 0
@@ -121,39 +135,14 @@ class GrpcDirect:
     async def close(self) -> None:
         await self.client.close()
 
-    def _inputs(self, ids: Sequence[int]) -> list[grpcclient.InferInput]:
-        return make_inputs(
-            {
-                "input_ids": np.array([ids], dtype=np.int32),
-                "input_lengths": np.array([[len(ids)]], dtype=np.int32),
-                "request_output_len": np.array([[self.max_tokens]], dtype=np.int32),
-                "end_id": np.array([[NO_END_ID]], dtype=np.int32),
-                "pad_id": np.array([[self.pad_id]], dtype=np.int32),
-                "streaming": np.array([[True]], dtype=np.bool_),
-            }
-        )
-
     async def __call__(self, prompt: PromptCase) -> RequestRecord:
         self._count += 1
-        request = {
-            "model_name": "tensorrt_llm",
-            "inputs": self._inputs(prompt.ids),
-            "outputs": [
-                grpcclient.InferRequestedOutput("output_ids"),
-                grpcclient.InferRequestedOutput("sequence_length"),
-            ],
-            "request_id": f"bench-{self._count}",
-        }
-
-        async def one() -> AsyncIterator[dict[str, object]]:
-            yield request
-
+        tensors = exact_length_tensors(prompt.ids, self.max_tokens, self.pad_id)
         record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
         try:
-            async for result, error in self.client.stream_infer(one()):
-                if error is not None:
-                    record.error = _error_text(error)
-                    break
+            async for result in self.client.stream(
+                "tensorrt_llm", tensors, DIRECT_OUTPUTS, f"bench-{self._count}"
+            ):
                 # The service's own parse of a response: the floor's CPU per token is then
                 # what receiving costs, not numpy's overhead.
                 count = len(new_token_ids(result))
