@@ -5,6 +5,7 @@ also on Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -22,6 +23,14 @@ from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor, fin
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent
+
+
+def write_result(result: dict[str, object], path: Path | None, prefix: str) -> Path:
+    """The run's JSON at `path`, or benchmarks/results/<prefix>-<time>.json."""
+    path = path or BENCH_DIR / "results" / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
 
 
 class BenchSetupError(RuntimeError):
@@ -126,6 +135,19 @@ class Processes:
         tag = match.group(1)
         model_name, version = tag.split(":", 1)
         return PackedModel(tag, self.bentoml_home / "models" / model_name / version, elapsed)
+
+    def pack_synthetic(
+        self, name: str, *, itl_ms: float, max_batch_size: int, max_tokens: int,
+        ttft_ms: float = 0.0,
+    ) -> PackedModel:  # fmt: skip
+        """A synthetic-engine model for one ITL, with room for max_tokens after any prompt of
+        the benchmark's workload."""
+        return self.pack(
+            "--synthetic", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+            "--max-batch-size", str(max_batch_size),
+            "--max-seq-len", str(max(2048, max_tokens + 1100)),
+            name=f"{name}-itl{itl_ms:g}".replace(".", "p"),
+        )  # fmt: skip
 
     # -- tritonserver through the project's supervisor -------------------------------------------
     def start_triton(self, model: PackedModel, label: str) -> TritonSupervisor:

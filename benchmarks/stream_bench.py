@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -50,7 +49,7 @@ from benchmarks.bench_clients import (
     http_client,
     run_load,
 )
-from benchmarks.bench_procs import BENCH_DIR, ROOT, PackedModel, Processes, Service
+from benchmarks.bench_procs import BENCH_DIR, ROOT, PackedModel, Processes, Service, write_result
 from benchmarks.bench_stats import (
     InterleavedRounds,
     TargetSummary,
@@ -365,10 +364,9 @@ def run_local(run: Run, procs: Processes) -> None:
         by_itl.setdefault(cell.itl_ms, []).append(cell)
     for itl, group in by_itl.items():
         print(f"-- synthetic engine: ttft {args.ttft_ms:g} ms, itl {itl:g} ms", flush=True)
-        model = procs.pack(
-            "--synthetic", "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(itl),
-            "--max-batch-size", str(max_batch), "--max-seq-len", str(max(2048, args.max_tokens + 1100)),
-            name=f"bench-synthetic-itl{itl:g}".replace(".", "p"),
+        model = procs.pack_synthetic(
+            "bench-synthetic", itl_ms=itl, max_batch_size=max_batch, max_tokens=args.max_tokens,
+            ttft_ms=args.ttft_ms,
         )  # fmt: skip
         run.timings[f"pack_model_synthetic_itl{itl:g}_s"] = model.pack_s
         print(f"   pack_model: {model.pack_s:.1f} s", flush=True)
@@ -644,11 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work_dir, ignore_errors=True)
     result = report(run, started)
-    path = (
-        args.json or BENCH_DIR / "results" / f"stream_bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(result, args.json, "stream_bench")
     print(f"\nwrote {path} ({result['duration_s']:.0f} s)")
     return status
 

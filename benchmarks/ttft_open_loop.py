@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from benchmarks.bench_clients import (
     http_client,
     run_open_loop,
 )
-from benchmarks.bench_procs import BENCH_DIR, Processes
+from benchmarks.bench_procs import Processes, write_result
 from benchmarks.bench_stats import TargetSummary, add_ratios, format_table, summarize
 from benchmarks.bench_workload import build_prompts, engine_settings
 from benchmarks.stream_bench import openai_model_name, spawn_trtllm
@@ -99,11 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         with Processes(work_dir) as procs:
-            model = procs.pack(
-                "--synthetic", "--itl-ms", str(args.itl_ms),
-                "--max-batch-size", str(max(64, 4 * args.in_flight)),
-                "--max-seq-len", str(max(2048, args.max_tokens + 1100)),
-                name=f"bench-open-loop-itl{args.itl_ms:g}".replace(".", "p"),
+            model = procs.pack_synthetic(
+                "bench-open-loop", itl_ms=args.itl_ms, max_batch_size=max(64, 4 * args.in_flight),
+                max_tokens=args.max_tokens,
             )  # fmt: skip
             prompts = build_prompts(model.root, args.max_tokens)
             pad_id = engine_settings(model.root)["eos_token_id"]
@@ -122,16 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(summaries)
     print()
     print(format_table(summaries))
-    path = (
-        args.json or BENCH_DIR / "results" / f"ttft_open_loop-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "settings": vars(args) | {"json": str(path)},
+        "settings": vars(args),
         "results": [s.as_dict() for s in summaries],
         "duration_s": time.perf_counter() - started,
     }
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    path = write_result(result, args.json, "ttft_open_loop")
     print(f"\nwrote {path} ({result['duration_s']:.0f} s)")
     return 0
 
