@@ -97,7 +97,8 @@ def inference_request(
     outputs: Sequence[str],
     request_id: str = "",
 ) -> service_pb2.ModelInferRequest:
-    """The ModelInferRequest tritonclient's stream_infer would build for these tensors."""
+    """The ModelInferRequest tritonclient's stream_infer would build for these tensors (with the
+    builder it uses, private to tritonclient, whose version requirements.txt pins)."""
     return _get_inference_request(
         model_name=model_name,
         inputs=make_inputs(tensors),
