@@ -491,6 +491,35 @@ def spawn_trtllm(
     return service
 
 
+@dataclass(frozen=True)
+class ServedSynthetic:
+    """A synthetic-engine model served by the service (direct route), ready for requests."""
+
+    service: Service
+    grpc_url: str  # the service's own tritonserver
+    prompts: list[PromptCase]
+    pad_id: int
+
+
+def serve_synthetic(
+    procs: Processes, name: str, *, itl_ms: float, max_batch_size: int, max_tokens: int,
+    service_name: str = "trtllm", env: dict[str, str] | None = None,
+) -> ServedSynthetic:  # fmt: skip
+    """Pack a synthetic model, start the service on it and wait until it is ready; with the
+    run's prompts and the pad id its bare gRPC client needs."""
+    from benchmarks.bench_workload import build_prompts, engine_settings
+
+    model = procs.pack_synthetic(
+        name, itl_ms=itl_ms, max_batch_size=max_batch_size, max_tokens=max_tokens
+    )
+    prompts = build_prompts(model.root, max_tokens)
+    pad_id = int(engine_settings(model.root)["eos_token_id"])
+    service = spawn_trtllm(procs, model, "direct", name=service_name, env=env)
+    procs.wait_ready(service)
+    assert service.triton_grpc_url is not None
+    return ServedSynthetic(service, service.triton_grpc_url, prompts, pad_id)
+
+
 def measure_demo_cold_start(run: Run, procs: Processes) -> None:
     """The demo path of the README: pack_model --demo, then bentoml serve until /readyz."""
     print("-- demo model: pack_model --demo and cold start", flush=True)

@@ -45,8 +45,7 @@ from benchmarks.bench_clients import (
 )
 from benchmarks.bench_procs import BENCH_DIR, Processes, write_result
 from benchmarks.bench_stats import RequestRecord, percentile
-from benchmarks.bench_workload import build_prompts, engine_settings
-from benchmarks.stream_bench import spawn_trtllm
+from benchmarks.stream_bench import ServedSynthetic, serve_synthetic
 from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.translation import new_token_ids
 
@@ -215,14 +214,14 @@ def failures(records: Sequence[RequestRecord]) -> int:
 
 
 async def measure(
-    args: argparse.Namespace, service_url: str, grpc_url: str, prompts: Sequence[PromptCase],
-    pad_id: int, probe_log: Path,
-) -> dict[str, list[dict[str, float]]]:  # fmt: skip
-    direct = ProbedDirect(grpc_url, args.max_tokens, pad_id)
+    args: argparse.Namespace, served: ServedSynthetic, probe_log: Path
+) -> dict[str, list[dict[str, float]]]:
+    prompts = served.prompts
+    direct = ProbedDirect(served.grpc_url, args.max_tokens, served.pad_id)
     bad = 0
     try:
         async with http_client(args.concurrency) as client:
-            native = ProbedNative(client, service_url, args.max_tokens)
+            native = ProbedNative(client, served.service.url, args.max_tokens)
             for request in (direct, native):  # warm-up, not recorded
                 await run_load(request, prompts, min(16, args.requests), 16)
             direct.rows.clear()
@@ -266,22 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     label = f"ITL {args.itl_ms:g} ms, C={args.concurrency}, closed loop"
     try:
         with Processes(work_dir) as procs:
-            model = procs.pack_synthetic(
-                "bench-breakdown", itl_ms=args.itl_ms, max_batch_size=max(64, args.concurrency),
-                max_tokens=args.max_tokens,
-            )  # fmt: skip
-            prompts = build_prompts(model.root, args.max_tokens)
-            pad_id = engine_settings(model.root)["eos_token_id"]
-            service = spawn_trtllm(
-                procs, model, "direct", name="probed",
+            served = serve_synthetic(
+                procs, "bench-breakdown", itl_ms=args.itl_ms,
+                max_batch_size=max(64, args.concurrency), max_tokens=args.max_tokens,
+                service_name="probed",
                 env={"PYTHONPATH": str(PROBE_DIR), "TTFT_PROBE_LOG": str(probe_log)},
             )  # fmt: skip
-            procs.wait_ready(service)
-            assert service.triton_grpc_url is not None
             print(f"-- {label}: {args.rounds} x {args.requests} requests per target", flush=True)
-            rows = asyncio.run(
-                measure(args, service.url, service.triton_grpc_url, prompts, pad_id, probe_log)
-            )
+            rows = asyncio.run(measure(args, served, probe_log))
     except KeyboardInterrupt:
         print("\nttft_breakdown: interrupted; every process it started is stopped", file=sys.stderr)
         return 130

@@ -37,8 +37,7 @@ from benchmarks.bench_clients import (
 )
 from benchmarks.bench_procs import Processes, write_result
 from benchmarks.bench_stats import TargetSummary, add_ratios, format_table, summarize
-from benchmarks.bench_workload import build_prompts, engine_settings
-from benchmarks.stream_bench import openai_model_name, spawn_trtllm
+from benchmarks.stream_bench import openai_model_name, serve_synthetic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,18 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         with Processes(work_dir) as procs:
-            model = procs.pack_synthetic(
-                "bench-open-loop", itl_ms=args.itl_ms, max_batch_size=max(64, 4 * args.in_flight),
-                max_tokens=args.max_tokens,
+            served = serve_synthetic(
+                procs, "bench-open-loop", itl_ms=args.itl_ms,
+                max_batch_size=max(64, 4 * args.in_flight), max_tokens=args.max_tokens,
             )  # fmt: skip
-            prompts = build_prompts(model.root, args.max_tokens)
-            pad_id = engine_settings(model.root)["eos_token_id"]
-            service = spawn_trtllm(procs, model, "direct")
-            procs.wait_ready(service)
-            assert service.triton_grpc_url is not None
             print(f"-- {label}: {args.requests} requests per target", flush=True)
             summaries = asyncio.run(
-                measure_all(args, service.url, service.triton_grpc_url, prompts, pad_id, label)
+                measure_all(
+                    args, served.service.url, served.grpc_url, served.prompts, served.pad_id, label
+                )
             )
     except KeyboardInterrupt:
         print("\nttft_open_loop: interrupted; every process it started is stopped", file=sys.stderr)
