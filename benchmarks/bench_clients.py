@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
+from tritonclient.grpc import InferResult
 
 from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.translation import new_token_ids
@@ -136,12 +137,21 @@ class GrpcDirect:
         await self.client.close()
 
     async def __call__(self, prompt: PromptCase) -> RequestRecord:
-        self._count += 1
         tensors = exact_length_tensors(prompt.ids, self.max_tokens, self.pad_id)
+        return await self.request(tensors, DIRECT_OUTPUTS)
+
+    async def request(
+        self,
+        tensors: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        on_result: Callable[[InferResult], None] | None = None,
+    ) -> RequestRecord:
+        """One request with these inputs; `on_result` sees every response."""
+        self._count += 1
         record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
         try:
             async for result in self.client.stream(
-                "tensorrt_llm", tensors, DIRECT_OUTPUTS, f"bench-{self._count}"
+                "tensorrt_llm", tensors, outputs, f"bench-{self._count}"
             ):
                 # The service's own parse of a response: the floor's CPU per token is then
                 # what receiving costs, not numpy's overhead.
@@ -151,6 +161,8 @@ class GrpcDirect:
                     record.first_output = record.first_output or now
                     record.last_output = now
                     record.tokens += count
+                if on_result is not None:
+                    on_result(result)
         except Exception as error:  # recorded: a run reports errors instead of stopping
             record.error = _error_text(error)
         record.end = time.perf_counter()
@@ -233,13 +245,17 @@ class TextStream:
 
     def __init__(self, client: aiohttp.ClientSession, url: str, max_tokens: int,
                  expect: str | None = "decode", native: bool = True,
-                 count_tokens: Callable[[str], int] | None = None) -> None:  # fmt: skip
+                 count_tokens: Callable[[str], int] | None = None,
+                 start_header: str | None = None) -> None:  # fmt: skip
         self.client = client
         self.url = url
         self.max_tokens = max_tokens
         self.expect = expect  # which PromptCase.expected text a complete answer equals
         self.native = native
         self.count_tokens = count_tokens  # without an expectation: tokens of the received text
+        # A header carrying the request's start (repr of its perf_counter), for a server-side
+        # probe to join its marks with the client's (benchmarks/ttft_breakdown.py).
+        self.start_header = start_header
 
     def _body(self, prompt: PromptCase) -> dict[str, object]:
         if self.native:
@@ -251,8 +267,11 @@ class TextStream:
         parts: list[str] = []
         chunks = 0
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        headers = {self.start_header: repr(record.start)} if self.start_header else None
         try:
-            async with self.client.post(self.url, json=self._body(prompt)) as response:
+            async with self.client.post(
+                self.url, json=self._body(prompt), headers=headers
+            ) as response:
                 if response.status != 200:
                     raise await _error_status(response)
                 async for raw in response.content.iter_any():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import json
 import shutil
 import sys
@@ -28,33 +27,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp
 
 from benchmarks.bench_clients import (
     DIRECT_OUTPUTS,
+    GrpcDirect,
     PromptCase,
+    TextStream,
     exact_length_tensors,
     http_client,
-    judge_text,
     run_load,
 )
 from benchmarks.bench_procs import BENCH_DIR, Processes, write_result
 from benchmarks.bench_stats import RequestRecord, percentile
 from benchmarks.stream_bench import ServedSynthetic, serve_synthetic
-from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.translation import new_token_ids
+from benchmarks.ttft_probe.sitecustomize import (
+    LOG_ENV,
+    T0_HEADER,
+    read_engine_marks,
+    with_perf_metrics,
+)
 
 PROBE_DIR = BENCH_DIR / "ttft_probe"
-ENGINE_OUTPUTS = {
-    "arrival_time_ns": "engine_arrival",
-    "first_scheduled_time_ns": "engine_scheduled",
-    "first_token_time_ns": "engine_first_token",
-}
 
 # (what the time is spent on, from mark, to mark). A bare gRPC client's rows have only the marks
 # from triton_call (its send) to first_response (its receipt), so only those segments apply.
@@ -111,84 +107,31 @@ def format_breakdown(by_target: Mapping[str, list[SegmentStat]]) -> str:
     return "\n".join(lines)
 
 
-# -- the two clients ---------------------------------------------------------------------------
-class ProbedNative:
-    """POST /generate with the send time in a header; the probe's rows get the first byte."""
-
-    def __init__(self, client: aiohttp.ClientSession, url: str, max_tokens: int) -> None:
-        self.client = client
-        self.url = f"{url}/generate"
-        self.max_tokens = max_tokens
-        self.first_byte: dict[str, float] = {}  # the t0 header as sent -> first byte
-
-    async def __call__(self, prompt: PromptCase) -> RequestRecord:
-        start = time.perf_counter()
-        t0 = repr(start)
-        record = RequestRecord(start=start, end=0.0, expected_tokens=self.max_tokens)
-        body = {"prompt": prompt.text, "max_tokens": self.max_tokens, "ignore_eos": True}
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        parts: list[str] = []
-        try:
-            async with self.client.post(self.url, json=body, headers={"x-probe-t0": t0}) as reply:
-                if reply.status != 200:
-                    raise RuntimeError(f"HTTP {reply.status}: {(await reply.text())[:200]}")
-                async for raw in reply.content.iter_any():
-                    if record.first_output is None:
-                        record.first_output = time.perf_counter()
-                        self.first_byte[t0] = record.first_output
-                    parts.append(decoder.decode(raw))
-        except Exception as error:  # counted; a run reports errors instead of stopping
-            record.error = f"{type(error).__name__}: {error}"[:300]
-        record.end = time.perf_counter()
-        if record.error is None:
-            received = "".join(parts) + decoder.decode(b"", final=True)
-            record.tokens, record.short, record.mismatch = judge_text(
-                received, prompt.expected_text("decode"), self.max_tokens, len(parts)
-            )
-        return record
-
-
-class ProbedDirect:
-    """The bare gRPC client of stream_bench (the service's own TritonLLMClient) with the engine's
-    timestamps: the same marks from the Triton call to the first response, with nothing in
-    front of the client."""
+# -- the bare gRPC client, with the engine's marks ----------------------------------------------
+class ProbedDirect(GrpcDirect):
+    """stream_bench's bare gRPC client (the service's own TritonLLMClient) asking for the
+    engine's timestamps: the same marks from the Triton call to the first response, with nothing
+    in front of the client."""
 
     def __init__(self, url: str, max_tokens: int, pad_id: int) -> None:
-        self.client = TritonLLMClient(url)
-        self.max_tokens = max_tokens
-        self.pad_id = pad_id
+        super().__init__(url, max_tokens, pad_id)
         self.rows: list[dict[str, float]] = []
 
-    async def close(self) -> None:
-        await self.client.close()
-
     async def __call__(self, prompt: PromptCase) -> RequestRecord:
-        tensors = exact_length_tensors(prompt.ids, self.max_tokens, self.pad_id)
-        tensors["return_perf_metrics"] = np.array([[True]], dtype=np.bool_)
-        outputs = [*DIRECT_OUTPUTS, *ENGINE_OUTPUTS]
-        start = time.perf_counter()
-        offset_s = time.time() - start
-        row: dict[str, float] = {"t0": start, "triton_call": start}
-        record = RequestRecord(start=start, end=0.0, expected_tokens=self.max_tokens)
-        try:
-            async for result in self.client.stream("tensorrt_llm", tensors, outputs, ""):
-                count = len(new_token_ids(result))  # the service's own parse
-                if count:
-                    now = time.perf_counter()
-                    record.first_output = record.first_output or now
-                    row.setdefault("first_response", now)
-                    row.setdefault("client_first", now)
-                    record.tokens += count
-                for output, mark in ENGINE_OUTPUTS.items():
-                    value = result.as_numpy(output)
-                    if value is not None and value.size:
-                        row[mark] = int(value.reshape(-1)[0]) / 1e9 - offset_s
-        except Exception as error:
-            record.error = f"{type(error).__name__}: {error}"[:300]
-        record.end = time.perf_counter()
-        record.short = record.error is None and record.tokens < self.max_tokens
-        if record.error is None:
-            self.rows.append(row)
+        tensors, outputs = with_perf_metrics(
+            exact_length_tensors(prompt.ids, self.max_tokens, self.pad_id), DIRECT_OUTPUTS
+        )
+        engine: dict[str, float] = {}
+        offset_s = time.time() - time.perf_counter()
+        record = await self.request(
+            tensors, outputs, lambda result: read_engine_marks(result, offset_s, engine)
+        )
+        if record.error is None and record.first_output is not None:
+            self.rows.append(
+                {"t0": record.start, "triton_call": record.start,
+                 "first_response": record.first_output, "client_first": record.first_output,
+                 **engine}
+            )  # fmt: skip
         return record
 
 
@@ -218,10 +161,12 @@ async def measure(
 ) -> dict[str, list[dict[str, float]]]:
     prompts = served.prompts
     direct = ProbedDirect(served.grpc_url, args.max_tokens, served.pad_id)
+    first_byte: dict[str, float] = {}
     bad = 0
     try:
         async with http_client(args.concurrency) as client:
-            native = ProbedNative(client, served.service.url, args.max_tokens)
+            native = TextStream(client, f"{served.service.url}/generate", args.max_tokens,
+                                start_header=T0_HEADER.decode())  # fmt: skip
             for request in (direct, native):  # warm-up, not recorded
                 await run_load(request, prompts, min(16, args.requests), 16)
             direct.rows.clear()
@@ -230,12 +175,16 @@ async def measure(
                 for name, request in (("direct gRPC", direct), ("native", native)):
                     records, _ = await run_load(request, prompts, args.requests, args.concurrency)
                     bad += failures(records)
+                    if request is native:  # the client's first byte, by the start it sent
+                        first_byte.update(
+                            (repr(r.start), r.first_output) for r in records if r.first_output
+                        )
                     print(f"  round {index + 1}: {name} done", flush=True)
     finally:
         await direct.close()
     if bad:
         raise RuntimeError(f"{bad} requests failed or came back incomplete")
-    native_rows = read_probe_rows(probe_log, native.first_byte)
+    native_rows = read_probe_rows(probe_log, first_byte)
     if not native_rows:
         raise RuntimeError("the probe recorded no request: uvicorn or the service changed under it")
     return {"native": native_rows, "direct gRPC": direct.rows}
@@ -269,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 procs, "bench-breakdown", itl_ms=args.itl_ms,
                 max_batch_size=max(64, args.concurrency), max_tokens=args.max_tokens,
                 service_name="probed",
-                env={"PYTHONPATH": str(PROBE_DIR), "TTFT_PROBE_LOG": str(probe_log)},
+                env={"PYTHONPATH": str(PROBE_DIR), LOG_ENV: str(probe_log)},
             )  # fmt: skip
             print(f"-- {label}: {args.rounds} x {args.requests} requests per target", flush=True)
             rows = asyncio.run(measure(args, served, probe_log))

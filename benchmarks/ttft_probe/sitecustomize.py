@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 LOG_ENV = "TTFT_PROBE_LOG"
@@ -32,13 +33,34 @@ ENGINE_MARKS = {
     "first_token_time_ns": "engine_first_token",
 }
 
+
+def with_perf_metrics(
+    tensors: Mapping[str, Any], outputs: Sequence[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """A tensorrt_llm request that also asks for the engine's timestamps."""
+    import numpy as np
+
+    return (
+        {**tensors, "return_perf_metrics": np.array([[True]], dtype=np.bool_)},
+        [*outputs, *ENGINE_MARKS],
+    )
+
+
+def read_engine_marks(result: Any, offset_s: float, marks: dict[str, Any]) -> None:
+    """The engine's timestamps in a response (the final one carries them) into `marks`, as
+    perf_counter seconds; offset_s = time.time() - time.perf_counter()."""
+    for output, mark in ENGINE_MARKS.items():
+        value = result.as_numpy(output)
+        if value is not None and value.size:
+            marks[mark] = int(value.reshape(-1)[0]) / 1e9 - offset_s
+
+
 _marks: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "ttft_probe_marks", default=None
 )
 
 
 def _patch(log: Any) -> None:
-    import numpy as np
     import uvicorn.protocols.http.httptools_impl as httptools_impl
 
     from tensorrtllm_backend import client as client_module
@@ -94,16 +116,12 @@ def _patch(log: Any) -> None:
             async for result in stream(self, model_name, tensors, outputs, request_id):
                 yield result
             return
-        tensors = {**tensors, "return_perf_metrics": np.array([[True]], dtype=np.bool_)}
-        outputs = [*outputs, *ENGINE_MARKS]
+        tensors, outputs = with_perf_metrics(tensors, outputs)
         marks["triton_call"] = time.perf_counter()
         offset_s = time.time() - time.perf_counter()
         async for result in stream(self, model_name, tensors, outputs, request_id):
             marks.setdefault("first_response", time.perf_counter())
-            for output, mark in ENGINE_MARKS.items():
-                value = result.as_numpy(output)
-                if value is not None and value.size:
-                    marks[mark] = int(value.reshape(-1)[0]) / 1e9 - offset_s
+            read_engine_marks(result, offset_s, marks)
             yield result
 
     protocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
