@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -18,6 +18,7 @@ MAX_BAD_WORDS = 64
 MAX_WORD_CHARS = 256
 MAX_PROMPT_CHARS = 1_000_000
 MAX_RETURN_SEQUENCES = 64
+MAX_GUIDE_CHARS = 256_000
 
 Word = Annotated[str, StringConstraints(min_length=1, max_length=MAX_WORD_CHARS)]
 
@@ -26,6 +27,26 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # end token or stop word
     LENGTH = "length"  # max_tokens reached
     CANCELLED = "cancelled"
+
+
+GuideType = Literal["json", "json_schema", "regex", "ebnf_grammar", "structural_tag"]
+
+
+class GuidedDecoding(BaseModel):
+    """A constraint on the generated text, TensorRT-LLM's `guided_decoding_guide_type` / `_guide`.
+
+    `json` needs no guide (any JSON object); the others carry the schema, regex, EBNF grammar or
+    structural tag as text.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: GuideType = Field(..., description="What kind of constraint `guide` holds.")
+    guide: str | None = Field(
+        None,
+        max_length=MAX_GUIDE_CHARS,
+        description="The JSON schema, regex, EBNF grammar or structural tag (JSON) as text.",
+    )
 
 
 class SamplingParams(BaseModel):
@@ -72,6 +93,9 @@ class SamplingParams(BaseModel):
         True, description="When false, the returned text starts with the prompt."
     )
     ignore_eos: bool = Field(False, description="Keep generating past the end token.")
+    guided_decoding: GuidedDecoding | None = Field(
+        None, description="Constrain the output to a JSON schema, regex or grammar."
+    )
 
 
 class GenerateRequest(SamplingParams):
