@@ -1,4 +1,4 @@
-"""The straightforward proxy that issue 6 compares against: what one writes first.
+"""The straightforward proxy the streaming goals compare against: what one writes first.
 
 Per request it opens a new tritonclient.grpc.aio client, calls the `ensemble` model with
 stream=True and yields each response's text as one chunk. No shared channel, no tokenization in

@@ -1,7 +1,7 @@
 """The load generator: one streaming client per target and a fixed-concurrency driver.
 
 Every client turns one request into a :class:`RequestRecord`; failures are recorded, never
-raised, so one bad request does not end a run. Token counting per target (issue 6):
+raised, so one bad request does not end a run. Token counting per target:
 - grpc_direct: tokens in output_ids of each `tensorrt_llm` response;
 - triton_generate_stream: one token per SSE event (the synthetic engine sends one per step);
 - native / baseline: text chunks, checked against the text the engine must produce;

@@ -303,7 +303,7 @@ class InterleavedRounds:
 
 @dataclass(frozen=True, slots=True)
 class Goal:
-    """One of issue 6's targets, checked against a run (informational, never fails the run)."""
+    """One of the streaming goals, checked against a run (informational, never fails the run)."""
 
     name: str
     cell: str
@@ -347,7 +347,7 @@ def check_goals(
     interleaved_rounds: Sequence[InterleavedRounds] = (),
     baseline_rounds: Sequence[InterleavedRounds] = (),
 ) -> list[Goal]:
-    """The optimisation targets of issue 6, evaluated on this run's numbers.
+    """The streaming goals (docs/performance.md, "Goals"), evaluated on this run's numbers.
 
     The goals that compare the native stream with direct gRPC (throughput and TTFT at high ITL,
     serving-layer CPU) use a cell's interleaved rounds when there are any, else the two targets'

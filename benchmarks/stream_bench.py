@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Streaming benchmark (issue 6): the same load against Triton directly, Triton's HTTP
+"""Streaming benchmark: the same load against Triton directly, Triton's HTTP
 generate_stream, our native and OpenAI streaming APIs, and a straightforward baseline proxy.
 
 One run packs synthetic-engine models, starts everything it measures, measures one target at a
@@ -79,7 +79,7 @@ class Cell:
         return f"ITL {self.itl_ms:g} ms, C={self.concurrency}"
 
 
-# The cells issue 6's targets name (besides ITL 0 ms, C=1 and ITL 20 ms, C=32).
+# The cells the streaming goals name (docs/performance.md, "Goals").
 ZERO_ITL_CELL = Cell(0.0, 64)
 HIGH_ITL_CELL = Cell(20.0, 128)
 

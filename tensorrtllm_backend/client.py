@@ -12,8 +12,8 @@ method. On the wire it is what tritonclient's ``stream_infer`` sends (metadata, 
 half-close), but gRPC sends all three in one batch as the call starts, where ``stream_infer`` (a
 bidirectional call fed by a request iterator) takes three event-loop turns and a thread hop
 before the request leaves. Under load every turn waits behind the other streams' tokens
-(docs/performance.md, "Seventh session"). Requests and responses are tritonclient's own
-(``InferInput``, ``InferRequestedOutput``, ``InferResult``).
+(docs/performance.md, "The Triton call: one unary-stream RPC"). Requests and responses are
+tritonclient's own (``InferInput``, ``InferRequestedOutput``, ``InferResult``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input (issue 7) against a real `bentoml serve` of the demo model: every case of the table is
+"""Bad input against a real `bentoml serve` of the demo model: every case of the table is
 a 4xx whose body names what to fix, never a 500 and never a hang; afterwards the server is healthy,
 and a stream running during a barrage of bad requests completes intact."""
 

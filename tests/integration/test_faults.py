@@ -1,4 +1,4 @@
-"""Faults (issue 7) with a real `bentoml serve`, its supervised tritonserver and the CPU engine:
+"""Faults with a real `bentoml serve`, its supervised tritonserver and the CPU engine:
 Triton killed mid-stream, client disconnects, SIGTERM / SIGKILL of the service, and startups that
 must fail with a clear error. Every process started here is stopped here (see conftest)."""
 

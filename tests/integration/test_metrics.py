@@ -1,4 +1,4 @@
-"""Prometheus metrics on BentoML's /metrics (issue 5): after native and OpenAI requests against a
+"""Prometheus metrics on BentoML's /metrics: after native and OpenAI requests against a
 real `bentoml serve` of the demo model, every generation metric moved by exactly what was served."""
 
 from __future__ import annotations

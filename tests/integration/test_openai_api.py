@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API (issue 5) driven by the official `openai` client, sync and async,
+"""The OpenAI-compatible API driven by the official `openai` client, sync and async,
 against a real `bentoml serve` of the demo model; plus checks that each native sampling parameter
 reaches the engine, observed on the output of the real (hf-mode) CPU engine."""
 

@@ -1,4 +1,4 @@
-"""Security (issue 7) on a real `bentoml serve`: Triton on loopback only, the optional API key on
+"""Security on a real `bentoml serve`: Triton on loopback only, the optional API key on
 every API (native and OpenAI) with health and metrics open, the in-flight bound (429 +
 Retry-After), unguessable request ids, and no shell=True anywhere in the repository."""
 

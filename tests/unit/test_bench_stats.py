@@ -1,5 +1,5 @@
 """The benchmark's numbers: percentiles, per-target summaries, ratios to direct gRPC, the table,
-the issue-6 goal checks and how text answers are judged complete."""
+the streaming goal checks and how text answers are judged complete."""
 
 from __future__ import annotations
 
