@@ -1,7 +1,8 @@
 """OpenAI requests → the shared generation core → OpenAI responses and SSE chunks.
 
-Chat prompts are rendered with the tokenizer's own chat template; streaming and non-streaming
-answers both come from :meth:`Generator.stream`.
+Chat prompts are rendered with the tokenizer's own chat template (tools and tool results
+included); streaming and non-streaming answers both come from :meth:`Generator.stream`. Output
+constraints (response_format, guided_*, forced tool calls) become the core request's guide.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest, RequestError, new_request_id
-from ..schemas import MAX_RETURN_SEQUENCES, FinishReason, SamplingParams, SequenceResult
+from ..schemas import (
+    MAX_RETURN_SEQUENCES,
+    FinishReason,
+    GuidedDecoding,
+    SamplingParams,
+    SequenceResult,
+)
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -28,8 +35,13 @@ from .protocol import (
     CompletionResponse,
     Usage,
 )
+from .response_format import FormatError, OutputConstraint, output_constraint
+from .tool_parsers import FORMATS, detect_format
+from .tool_stream import ToolStream
+from .tools import ToolError, ToolPlan, extract_calls, history_message, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+OPENAI_DEFAULT_TEMPERATURE = 1.0  # OpenAI samples when temperature is not given
 CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
 
 
@@ -44,9 +56,13 @@ class OpenAIError(Exception):
         self.status, self.kind, self.param, self.code = status, kind, param, code
 
     @classmethod
-    def from_request_error(cls, error: RequestError) -> OpenAIError:
+    def from_request_error(cls, error: RequestError, guide_param: str | None = None) -> OpenAIError:
+        """`guide_param`: the OpenAI field the request's guide came from, named in its errors."""
         code = "context_length_exceeded" if error.param in ("prompt", "max_tokens") else None
-        return cls(str(error), error.status, param=error.param, code=code)
+        param = error.param
+        if guide_param and param and param.startswith("guided_decoding"):
+            param = guide_param
+        return cls(str(error), error.status, param=param, code=code)
 
 
 def sse(payload: BaseModel | dict[str, Any] | str) -> str:
@@ -62,6 +78,11 @@ SSE_DONE = "data: [DONE]\n\n"
 
 def _finish(reason: FinishReason | None) -> str | None:
     return None if reason is None else ("length" if reason is FinishReason.LENGTH else "stop")
+
+
+def _call_finish(reason: str | None, calls: bool) -> str | None:
+    """A sequence that ended on its own after calling tools finishes with "tool_calls"."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 @dataclass(slots=True)
@@ -82,10 +103,25 @@ class _Event:
 class OpenAIServing:
     """Validates OpenAI requests against the served model and runs them on the generator."""
 
-    def __init__(self, generator: Generator, model_name: str, stream_interval: int = 1) -> None:
+    def __init__(
+        self,
+        generator: Generator,
+        model_name: str,
+        stream_interval: int = 1,
+        tool_parser: str | None = None,
+    ) -> None:
+        """`tool_parser`: the model's tool-call format by name (TRTLLM_TOOL_PARSER); None: read
+        from its chat template; "none": no tool calls are parsed."""
         self.generator = generator
         self.model_name = model_name
         self.stream_interval = stream_interval  # SSE events per HTTP message after the first
+        template = getattr(generator.tokenizer, "chat_template", None)
+        texts = template.values() if isinstance(template, dict) else [template or ""]
+        self.template_renders_tools = any("tools" in text for text in texts)
+        if tool_parser is None:
+            self.tool_format = detect_format(template)
+        else:
+            self.tool_format = None if tool_parser == "none" else FORMATS[tool_parser]
 
     # -- request translation --------------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -111,10 +147,14 @@ class OpenAIServing:
             )
 
     def _sampling(
-        self, request: CompletionRequest | ChatCompletionRequest, want_log_probs: bool
+        self,
+        request: CompletionRequest | ChatCompletionRequest,
+        want_log_probs: bool,
+        guide: GuidedDecoding | None = None,
     ) -> SamplingParams:
+        temperature = request.temperature
         fields: dict[str, Any] = {
-            "temperature": request.temperature,
+            "temperature": OPENAI_DEFAULT_TEMPERATURE if temperature is None else temperature,
             "top_p": request.top_p,
             "top_k": request.top_k,
             "presence_penalty": request.presence_penalty,
@@ -128,6 +168,7 @@ class OpenAIServing:
             "return_log_probs": want_log_probs,
             "ignore_eos": request.ignore_eos,
             "num_return_sequences": request.n,
+            "guided_decoding": guide,
         }
         max_tokens = request.max_completion_tokens or request.max_tokens
         if max_tokens is not None:
@@ -140,7 +181,9 @@ class OpenAIServing:
         self._check_common(request)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
-        params = self._sampling(request, want_log_probs=request.logprobs is not None)
+        constraint = _constraint(request)
+        guide = constraint.guide if constraint else None
+        params = self._sampling(request, request.logprobs is not None, guide)
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
         try:
@@ -152,9 +195,10 @@ class OpenAIServing:
                 lora=self._lora(request),
             )
         except RequestError as error:
-            raise OpenAIError.from_request_error(error) from None
+            param = constraint.param if constraint else None
+            raise OpenAIError.from_request_error(error, param) from None
 
-    def render_chat(self, request: ChatCompletionRequest) -> str:
+    def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         tokenizer = self.generator.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise OpenAIError(
@@ -162,11 +206,21 @@ class OpenAIServing:
                 "model with a tokenizer whose tokenizer_config.json has a chat_template",
                 param="messages",
             )
+        tools = plan.template_tools() if plan is not None else None
+        if tools and not self.template_renders_tools:
+            raise OpenAIError(
+                "this model's chat template does not render tools, so the model would not see "
+                "them: send the request without tools, or pack a tokenizer whose template has them",
+                param="tools",
+            )
         try:
-            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            messages = [history_message(m) for m in request.messages]
             return str(
                 tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=request.add_generation_prompt
+                    messages,
+                    tools=tools,
+                    tokenize=False,
+                    add_generation_prompt=request.add_generation_prompt,
                 )
             )
         except ValueError as error:
@@ -176,7 +230,15 @@ class OpenAIServing:
                 f"the chat template rejected the messages: {error}", param="messages"
             ) from None
 
-    def prepare_chat(self, request: ChatCompletionRequest) -> PreparedRequest:
+    def plan_tools(self, request: ChatCompletionRequest) -> ToolPlan:
+        """How the request's tools are used (a 400 for a combination that cannot be served)."""
+        try:
+            return plan_tools(request, self.tool_format, self.template_renders_tools)
+        except ToolError as error:
+            raise OpenAIError(str(error), param=error.param) from None
+
+    def prepare_chat(self, request: ChatCompletionRequest) -> tuple[PreparedRequest, ToolPlan]:
+        """The core request and the tool plan its answer is read back with."""
         self._check_common(request)
         if request.top_logprobs:
             raise OpenAIError(
@@ -184,16 +246,30 @@ class OpenAIServing:
                 "probability only (use logprobs=true)",
                 param="top_logprobs",
             )
-        prompt = self.render_chat(request)
-        params = self._sampling(request, want_log_probs=request.logprobs)
+        plan = self.plan_tools(request)
+        constraint = _constraint(request)
+        guide, guide_param = (constraint.guide, constraint.param) if constraint else (None, None)
+        if plan.guide is not None:
+            if constraint is not None:
+                raise OpenAIError(
+                    f"tool_choice {plan.mode!r} constrains the answer to a tool call, so it "
+                    f"cannot be combined with {constraint.param}",
+                    param=constraint.param,
+                )
+            guide, guide_param = plan.guide, "tools"
+        elif constraint is not None and plan.parses_calls:
+            plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
+        prompt = self.render_chat(request, plan)
+        params = self._sampling(request, request.logprobs, guide)
         try:
             # The template already holds the special tokens (BOS) the model expects.
-            return self.generator.prepare(
+            prepared = self.generator.prepare(
                 prompt, params, new_request_id(), add_special_tokens=False,
                 max_tokens_cap=CHAT_MAX_TOKENS_CAP, api="openai_chat", lora=self._lora(request),
             )  # fmt: skip
         except RequestError as error:
-            raise OpenAIError.from_request_error(error) from None
+            raise OpenAIError.from_request_error(error, guide_param) from None
+        return prepared, plan
 
     # -- running -----------------------------------------------------------------------------
     def _token_strings(self, token_ids: list[int]) -> list[str]:
@@ -233,26 +309,34 @@ class OpenAIServing:
             usage=self._usage(prepared, result.completion_tokens),
         )
 
-    async def chat(self, prepared: PreparedRequest) -> ChatCompletionResponse:
+    async def chat(
+        self, prepared: PreparedRequest, plan: ToolPlan | None = None
+    ) -> ChatCompletionResponse:
         want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
-            choices=[
-                ChatChoice(
-                    index=sequence.index,
-                    message=AssistantMessage(content=sequence.text),
-                    finish_reason=_finish(sequence.finish_reason),
-                    logprobs=self._chat_log_probs(
-                        self._sequence_tokens(sequence), sequence.log_probs
-                    )
-                    if want
-                    else None,
-                )
-                for sequence in result.sequences
-            ],
+            choices=[self._chat_choice(sequence, want, plan) for sequence in result.sequences],
             usage=self._usage(prepared, result.completion_tokens),
+        )
+
+    def _chat_choice(
+        self, sequence: SequenceResult, want_log_probs: bool, plan: ToolPlan | None
+    ) -> ChatChoice:
+        finish = _finish(sequence.finish_reason)
+        message = AssistantMessage(content=sequence.text)
+        if plan is not None and plan.parses_calls:
+            calls = extract_calls(plan, sequence.text)
+            message = AssistantMessage(content=calls.content, tool_calls=calls.tool_calls or None)
+            finish = _call_finish(finish, bool(calls.tool_calls))
+        return ChatChoice(
+            index=sequence.index,
+            message=message,
+            finish_reason=finish,
+            logprobs=self._chat_log_probs(self._sequence_tokens(sequence), sequence.log_probs)
+            if want_log_probs
+            else None,
         )
 
     @staticmethod
@@ -313,8 +397,12 @@ class OpenAIServing:
         yield SSE_DONE
 
     async def stream_chat(
-        self, prepared: PreparedRequest, include_usage: bool
+        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan | None = None
     ) -> AsyncIterator[str]:
+        if plan is not None and plan.parses_calls:
+            async for event in self._stream_chat_calls(prepared, include_usage, plan):
+                yield event
+            return
         events_out = _ChunkEvents(
             "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
         )
@@ -343,6 +431,58 @@ class OpenAIServing:
         if include_usage:
             yield events_out.usage(self._usage(prepared, completion_tokens))
         yield SSE_DONE
+
+    async def _stream_chat_calls(
+        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan
+    ) -> AsyncIterator[str]:
+        """stream_chat for answers that may call tools: each sequence's text goes through its
+        tool-call extractor, whose deltas are sent as they become certain."""
+        events_out = _ChunkEvents(
+            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
+        )
+        want = prepared.params.return_log_probs
+        completion_tokens = 0
+        streams: dict[int, ToolStream] = {}
+        async with aclosing(self._events(prepared)) as events:
+            async for event in events:
+                stream = streams.get(event.index)
+                if stream is None:
+                    stream = streams[event.index] = ToolStream(plan.parser())
+                    yield events_out.choice(
+                        event.index,
+                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
+                    )
+                completion_tokens += event.token_count
+                logprobs = (
+                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
+                    if want and event.token_ids
+                    else None
+                )
+                final = event.finish_reason is not None
+                deltas = stream.deltas(event.text, final)
+                if logprobs is not None and not deltas:
+                    deltas = ['{"content":""}']
+                for delta in deltas:
+                    yield events_out.choice(
+                        event.index,
+                        f'"delta":{delta},"finish_reason":null,"logprobs":{_json(logprobs)}',
+                    )
+                    logprobs = None
+                if final:
+                    finish = _call_finish(event.finish_reason, stream.calls > 0)
+                    yield events_out.choice(
+                        event.index, f'"delta":{{}},"finish_reason":{_json(finish)}'
+                    )
+        if include_usage:
+            yield events_out.usage(self._usage(prepared, completion_tokens))
+        yield SSE_DONE
+
+
+def _constraint(request: CompletionRequest | ChatCompletionRequest) -> OutputConstraint | None:
+    try:
+        return output_constraint(request)
+    except FormatError as error:
+        raise OpenAIError(str(error), param=error.param) from None
 
 
 _json = json.dumps
