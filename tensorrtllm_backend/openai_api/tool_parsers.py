@@ -301,16 +301,16 @@ class ToolCallParser:
         return [ContentDelta(text)]
 
     def _between(self) -> None:
-        buffer = self._buffer.lstrip()
-        self._buffer = buffer
+        stripped = self._buffer.lstrip()
         for separator in self.fmt.separators:
-            if buffer.startswith(separator):
-                self._buffer = buffer[len(separator) :]
+            if stripped.startswith(separator):
+                self._buffer = stripped[len(separator) :]
                 return
-        if buffer.startswith("{"):
+        if stripped.startswith("{"):
+            self._buffer = stripped
             self._call = _CallObject(self.calls)
             self._state = "call"
-        elif buffer and not any(s.startswith(buffer) for s in self.fmt.separators):
+        elif stripped and not any(s.startswith(stripped) for s in self.fmt.separators):
             self._state = "content"  # text after the calls
 
     def _in_call(self) -> list[Event]:
