@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--max-beam-width", type=int, help="default: engine max_beam_width")
     fill.add_argument("--accumulate-tokens", choices=["true", "false"])
     fill.add_argument(
+        "--guided-decoding-backend",
+        choices=["xgrammar", "off"],
+        help="what enforces guided_decoding guides in tensorrt_llm (default: xgrammar); off "
+        "refuses guided requests",
+    )
+    fill.add_argument(
         "--fill",
         action="append",
         default=[],
@@ -148,6 +154,9 @@ def _options(args: argparse.Namespace) -> dict[str, str]:
     options = {
         key: str(getattr(args, key)) for key in _FILL_FLAGS if getattr(args, key) is not None
     }
+    if args.guided_decoding_backend is not None:
+        backend = args.guided_decoding_backend
+        options["guided_decoding_backend"] = "" if backend == "off" else backend
     options.update(_parse_pairs(args.fill, "--fill"))
     return options
 

@@ -113,6 +113,7 @@ class TRTLLM:
         """Stream the completion of `prompt` as text chunks."""
         try:
             prepared = self._prepare(fields)
+            await self.runtime.generator.check_guide(prepared)
             if prepared.params.num_return_sequences > 1:
                 raise RequestError(
                     "generate streams one sequence as plain text: ask for several with "
@@ -148,6 +149,7 @@ class TRTLLM:
         """The whole completion of `prompt` at once, with token counts and finish reason."""
         try:
             prepared = self._prepare(fields)
+            await self.runtime.generator.check_guide(prepared)
             result = await self.runtime.generator.collect(prepared)
         except Exception as error:
             response: JSONResponse = error_response(error)

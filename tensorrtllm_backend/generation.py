@@ -18,6 +18,7 @@ from tritonclient.grpc import InferResult
 
 from .client import DRAIN_RESPONSES, TritonLLMClient, TritonModelError
 from .engine import EngineInfo
+from .guided import GuideCompiler, GuideError, check_guide_text
 from .lora import LoraAdapter, LoraRegistry
 from .metrics import GenerationMetrics
 from .schemas import (
@@ -106,8 +107,15 @@ class Generator:
         metrics: GenerationMetrics | None = None,
         loras: LoraRegistry | None = None,
         lora_supported: bool = False,
+        guides: GuideCompiler | None = None,
+        guides_unsupported: str | None = None,
     ) -> None:
+        """`guides` compiles guided_decoding guides against the served tokenizer (one is made
+        from `tokenizer` when not given); `guides_unsupported` says why this model cannot
+        enforce any guide (guided requests are then refused)."""
         self.client = client
+        self.guides = guides or GuideCompiler(tokenizer)
+        self.guides_unsupported = guides_unsupported
         self.metrics = metrics
         self.loras = loras or LoraRegistry()
         self.lora_supported = lora_supported
@@ -192,9 +200,32 @@ class Generator:
             params = params.model_copy(update={"top_p": 1.0})
         if self.route is Route.DIRECT and params.end_id is None and self._eos_id is None:
             raise RequestError("the tokenizer has no end token: pass end_id", param="end_id")
+        if params.guided_decoding is not None:
+            self._check_guide_text(params)
         return PreparedRequest(
             request_id or new_request_id(), prompt, params, list(prompt_ids), api, adapter
         )
+
+    def _check_guide_text(self, params: SamplingParams) -> None:
+        """The guide checks that need no compiler (cheap, on the caller's thread)."""
+        if self.guides_unsupported is not None:
+            raise RequestError(self.guides_unsupported, param="guided_decoding")
+        try:
+            check_guide_text(params.guided_decoding)  # type: ignore[arg-type]
+        except GuideError as error:
+            raise RequestError(str(error), param="guided_decoding") from None
+
+    async def check_guide(self, request: PreparedRequest) -> None:
+        """Compile the request's guide (in a thread, cached) so that one the engine could not
+        enforce is a 400 quoting the compiler, before Triton sees the request. Call it after
+        :meth:`prepare`; :meth:`stream` calls it too (a cache hit once checked)."""
+        guided = request.params.guided_decoding
+        if guided is None:
+            return
+        try:
+            await self.guides.check(guided)
+        except GuideError as error:
+            raise RequestError(str(error), param="guided_decoding") from None
 
     def _adapter(self, name: str | None) -> LoraAdapter | None:
         if name is None:
@@ -221,6 +252,7 @@ class Generator:
         generator layer on this path costs CPU per token.
         """
         params = request.params
+        await self.check_guide(request)
         tracker = (
             self.metrics.track(request.api, len(request.prompt_ids), request.request_id)
             if self.metrics

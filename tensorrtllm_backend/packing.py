@@ -119,7 +119,10 @@ def template_options(
         "decoupled_mode": "true",
         "max_beam_width": str(engine.max_beam_width),
         "engine_dir": ENGINES,
+        # tensorrt_llm enforces guided_decoding guides with xgrammar against the stored tokenizer
+        # (tokenizer_dir is filled into every template that has it, tensorrt_llm's included).
         "tokenizer_dir": TOKENIZER,
+        "guided_decoding_backend": "xgrammar",
         "max_tokens_in_paged_kv_cache": "",
         "max_attention_window_size": "",
         "kv_cache_free_gpu_mem_fraction": "0.9",

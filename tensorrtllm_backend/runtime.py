@@ -4,6 +4,7 @@ tritonserver, the gRPC client and the generator that every API uses."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import shutil
@@ -14,11 +15,12 @@ from pathlib import Path
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
 from .generation import ROUTE_MODELS, EngineLimits, Generator, Route
+from .guided import GuideCompiler
 from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .openai_api.tool_parsers import FORMATS
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
-from .repository import localize_repository
+from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
 from .server import ServerState, TritonServerConfig, TritonSupervisor
 from .sharing import SharedTriton
 from .tokenization import load_tokenizer
@@ -172,6 +174,8 @@ class LLMRuntime:
             generation_metrics(),
             self.loras,
             lora_supported=self.engine.kind == "tensorrt_llm" and self.engine.lora_enabled,
+            guides=GuideCompiler(tokenizer, self.engine.vocab_size),
+            guides_unsupported=self._guides_unsupported(),
         )
         if settings.stall_timeout_s > 0:
             client = self._client
@@ -187,6 +191,28 @@ class LLMRuntime:
             triton.grpc_url,
             self.route.value,
         )
+
+    def _guides_unsupported(self) -> str | None:
+        """Why this model cannot enforce guided decoding, or None when it can."""
+        if self.engine.kind == "cpu" and self.engine.cpu_mode == "synthetic":
+            return (
+                "guided decoding needs a model with logits; this model's synthetic CPU engine "
+                "has none (pack --demo, --hf-model or a TensorRT-LLM engine)"
+            )
+        config_file = self.model_root / REPOSITORY / ROUTE_MODELS[Route.DIRECT] / CONFIG_NAME
+        try:
+            config = parse_config(config_file.read_text(), source=str(config_file))
+            backend = config.parameters["guided_decoding_backend"].string_value.strip()
+        except (OSError, TemplateError, KeyError):
+            backend = ""
+        if not backend or backend.startswith("${"):
+            return (
+                "guided decoding is off for this model: pack it with "
+                "--guided-decoding-backend xgrammar"
+            )
+        if importlib.util.find_spec("xgrammar") is None:
+            return "guided decoding needs the xgrammar package in the service's environment"
+        return None
 
     def _models_to_load(self) -> tuple[str, ...]:
         """The direct route talks to tensorrt_llm alone: the ensemble's Python models would each

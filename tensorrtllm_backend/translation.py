@@ -72,6 +72,22 @@ def _sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str
         tensors["num_return_sequences"] = _scalar(params.num_return_sequences, np.int32)
     if params.return_log_probs:
         tensors["return_log_probs"] = _scalar(True, np.bool_)
+    tensors.update(guided_tensors(params))
+    return tensors
+
+
+def guided_tensors(params: SamplingParams) -> dict[str, np.ndarray]:
+    """`guided_decoding_guide_type` / `guided_decoding_guide` (STRING [1, 1]) of a guided request.
+
+    The guide goes only with types that have one: TensorRT-LLM reads `json` without a guide as
+    "any JSON", and an empty guide would not mean the same.
+    """
+    guided = params.guided_decoding
+    if guided is None:
+        return {}
+    tensors = {"guided_decoding_guide_type": np.array([[guided.type.encode()]], dtype=np.object_)}
+    if guided.guide:
+        tensors["guided_decoding_guide"] = np.array([[guided.guide.encode()]], dtype=np.object_)
     return tensors
 
 

@@ -25,6 +25,33 @@ class _SeqState:
     generator: torch.Generator
     kv: KV | None = None
     length: int = 0  # tokens held in kv
+    guide: _Guide | None = None
+
+
+class _Guide:
+    """A sequence's grammar matcher and its token bitmask (one row, reused every step)."""
+
+    __slots__ = ("matcher", "bitmask", "_xgrammar")
+
+    def __init__(self, req: GenRequest, vocab_size: int) -> None:
+        import xgrammar
+
+        self._xgrammar = xgrammar
+        # The request's end token closes the guide (the tokenizer's when it sent none).
+        stop = [req.end_id] if req.end_id is not None and req.end_id >= 0 else None
+        self.matcher = xgrammar.GrammarMatcher(req.grammar, override_stop_tokens=stop)
+        self.bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set the logits of every token the grammar forbids next to -inf (in place)."""
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        self._xgrammar.apply_token_bitmask_inplace(logits.view(1, -1), self.bitmask)
+
+    def accept(self, req: GenRequest, token: int) -> None:
+        if not self.matcher.accept_token(token):
+            raise RuntimeError(f"the grammar rejected token {token} it allowed")
+        if self.matcher.is_terminated():
+            req.guide_ended = True
 
 
 def default_num_threads() -> int:
@@ -63,7 +90,8 @@ class HFBackend:
                 f"model's max_position_embeddings {self.max_positions}"
             )
         generator = torch.Generator().manual_seed(int(req.sampling.seed) & 0xFFFF_FFFF_FFFF_FFFF)
-        req.backend_state = _SeqState(generator=generator)
+        guide = _Guide(req, self.vocab_size) if req.grammar is not None else None
+        req.backend_state = _SeqState(generator=generator, guide=guide)
 
     def release(self, req: GenRequest) -> None:
         req.backend_state = None
@@ -76,16 +104,27 @@ class HFBackend:
         for i, req in enumerate(batch):
             state: _SeqState = req.backend_state  # type: ignore[assignment]
             if state.kv is None:
-                logits = self._prefill(req, state)
-                results[i] = select_token(logits, req, state.generator)
+                results[i] = self._select(self._prefill(req, state), req, state)
             else:
                 decoding.append(req)
                 positions.append(i)
         if decoding:
             rows = self._decode(decoding)
             for i, req, logits in zip(positions, decoding, rows, strict=True):
-                results[i] = select_token(logits, req, req.backend_state.generator)  # type: ignore[union-attr]
+                results[i] = self._select(logits, req, req.backend_state)  # type: ignore[arg-type]
         return [results[i] for i in range(len(batch))]
+
+    @staticmethod
+    def _select(logits: torch.Tensor, req: GenRequest, state: _SeqState) -> tuple[int, float]:
+        """The next token, within the request's grammar when it has one."""
+        guide = state.guide
+        if guide is None:
+            return select_token(logits, req, state.generator)
+        logits = logits.to(torch.float32).clone()
+        guide.mask(logits)
+        token, logprob = select_token(logits, req, state.generator)
+        guide.accept(req, token)
+        return token, logprob
 
     # -- model calls ---------------------------------------------------------------------------
     def _prefill(self, req: GenRequest, state: _SeqState) -> torch.Tensor:

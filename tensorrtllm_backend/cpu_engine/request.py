@@ -81,6 +81,10 @@ class GenRequest:
     return_log_probs: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     embedding_bias: Sequence[float] | None = None
+    # guided_decoding_guide_type / _guide as sent, and the grammar compiled from them (the
+    # engine's GuideCompiler, shared by every sequence with the same guide).
+    guided: tuple[str, str | None] | None = None
+    grammar: object = None
     batch_index: int = 0  # row of the Triton request this sequence belongs to
     sequence_index: int = 0  # which of the row's num_return_sequences sequences this is
     arrival_ns: int = field(default_factory=time.time_ns)
@@ -96,6 +100,9 @@ class GenRequest:
     last_token_ns: int = 0
     next_due: float = 0.0  # monotonic time the next token may be produced (synthetic delays)
     backend_state: object = None  # e.g. the KV cache of the hf backend
+    # Set by the backend when the grammar accepted its last token (always a stop token): the
+    # sequence then ends as on its end token.
+    guide_ended: bool = False
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at the next step (thread-safe: a flag)."""

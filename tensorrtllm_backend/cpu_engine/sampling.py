@@ -34,7 +34,13 @@ def apply_penalties(logits: torch.Tensor, req: GenRequest) -> torch.Tensor:
         logits[ids] -= sp.presence_penalty + sp.frequency_penalty * counts.to(logits.dtype)
     banned = req.banned_tokens()
     if banned:
-        logits[torch.tensor(banned, dtype=torch.long)] = float("-inf")
+        ids = torch.tensor(banned, dtype=torch.long)
+        kept = logits[ids].clone()
+        logits[ids] = float("-inf")
+        if torch.isneginf(logits).all():
+            # A guide that allows only banned tokens (its end, before min_tokens): the guide wins,
+            # since a token outside it would break the output's format.
+            logits[ids] = kept
     return logits
 
 

@@ -195,8 +195,9 @@ class Scheduler:
             req.logprobs.append(logprob)
             req.cum_logprob += logprob
         reason: FinishReason | None = None
-        if token == req.end_id:
-            # TensorRT-LLM does not count end_id in the valid output.
+        if token == req.end_id or req.guide_ended:
+            # TensorRT-LLM does not count end_id in the valid output; a guide ends on the stop
+            # token that completes it.
             generated.pop()
             if req.return_log_probs:
                 req.logprobs.pop()

@@ -69,6 +69,19 @@ class _Inputs:
             )
         return value.reshape(-1).tolist()
 
+    def strings(self, name: str) -> list[str | None]:
+        """One UTF-8 string per row (TYPE_STRING [B, 1]); None where absent or empty."""
+        values = self.rows(name, None)
+        texts: list[str | None] = []
+        for value in values:
+            if isinstance(value, bytes):
+                try:
+                    value = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise RequestError(f"input '{name}' is not UTF-8 text") from None
+            texts.append(value or None)
+        return texts
+
     def word_lists(self, name: str) -> list[list[list[int]]]:
         value = self.array(name)
         if value is None or value.size == 0:
@@ -139,6 +152,8 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
     exclude = bool(inputs.rows("exclude_input_in_output", limits.exclude_input_in_output)[0])
     log_probs = bool(inputs.rows("return_log_probs", False)[0])
     perf = bool(inputs.rows("return_perf_metrics", False)[0])
+    guide_types = inputs.strings("guided_decoding_guide_type")
+    guides = inputs.strings("guided_decoding_guide")
     bias = inputs.array("embedding_bias")
     if bias is not None and bias.size:
         bias = bias.reshape(bias.shape[0], -1) if bias.ndim > 1 else bias.reshape(1, -1)
@@ -196,6 +211,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                     seed=int(seeds[row]),
                 ),
                 "embedding_bias": row_bias,
+                "guided": _guided(guide_types[row], guides[row]),
             },
             return_sequences[row],
         )
@@ -205,6 +221,23 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
         perf_metrics=perf,
         max_return_sequences=max(return_sequences),
     )
+
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+
+
+def _guided(guide_type: str | None, guide: str | None) -> tuple[str, str | None] | None:
+    if guide_type is None:
+        if guide is not None:
+            raise RequestError("input 'guided_decoding_guide' needs 'guided_decoding_guide_type'")
+        return None
+    if guide_type not in GUIDE_TYPES:
+        raise RequestError(
+            f"guided_decoding_guide_type {guide_type!r} is not one of {', '.join(GUIDE_TYPES)}"
+        )
+    if guide is None and guide_type != "json":
+        raise RequestError(f"guided_decoding_guide_type {guide_type!r} needs guided_decoding_guide")
+    return guide_type, guide
 
 
 def split_sequences(row: dict[str, Any], count: int) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.p
 # the CPU engine dir in the `gpt_model_path` parameter (${engine_dir}).
 
 import json  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -27,6 +28,8 @@ from tensorrtllm_backend.cpu_engine.triton_io import (  # noqa: E402
 )
 from tensorrtllm_backend.cpu_engine.triton_metrics import MetricsPublisher  # noqa: E402
 from tensorrtllm_backend.cpu_engine.triton_sink import ResponseGroup  # noqa: E402
+from tensorrtllm_backend.guided import GuideCompiler, GuideError  # noqa: E402
+from tensorrtllm_backend.schemas import GuidedDecoding  # noqa: E402
 from tensorrtllm_backend.stub_guard import (  # noqa: E402
     start_orphan_guard,
     stop_orphan_guard,
@@ -83,6 +86,62 @@ def _make_backend(config: EngineConfig) -> Backend:
     return HFBackend(config.checkpoint_path())
 
 
+class _EngineGuides:
+    """The engine's guide compiler (as TensorRT-LLM's guided_decoding_backend: xgrammar over the
+    tokenizer_dir tokenizer). Built in a thread at start, since importing xgrammar and loading
+    the tokenizer take seconds that unguided requests need not wait for; a guided request waits.
+    """
+
+    def __init__(self, tokenizer_dir: Path, vocab_size: int) -> None:
+        self._ready = threading.Event()
+        self._compiler: GuideCompiler | None = None
+        self._error: str | None = None
+        threading.Thread(
+            target=self._load, args=(tokenizer_dir, vocab_size), name="guide-compiler", daemon=True
+        ).start()
+
+    def _load(self, tokenizer_dir: Path, vocab_size: int) -> None:
+        try:
+            from tensorrtllm_backend.tokenization import load_tokenizer
+
+            compiler = GuideCompiler(load_tokenizer(tokenizer_dir), vocab_size)
+            compiler.tokenizer_info  # noqa: B018 - build it now, not on the first request
+            self._compiler = compiler
+        except Exception as exc:  # reported to guided requests, not fatal to the model
+            self._error = f"guided decoding is unavailable: {exc}"
+        finally:
+            self._ready.set()
+
+    def compile(self, guided: tuple[str, str | None]) -> object:
+        self._ready.wait()
+        if self._compiler is None:
+            raise RequestError(self._error or "guided decoding is unavailable")
+        try:
+            guide = GuidedDecoding(type=guided[0], guide=guided[1])  # type: ignore[arg-type]
+            return self._compiler.compile(guide)
+        except (GuideError, ValueError) as exc:
+            raise RequestError(str(exc)) from None
+
+
+def _guides(model_config: dict, config: EngineConfig, model_repository: str) -> _EngineGuides | str:
+    """The engine's guide compiler, or why guided requests are refused."""
+    if config.cpu_engine.mode != "hf":
+        return "guided decoding needs a model with logits; the synthetic CPU engine has none"
+    backend = _param(model_config, "guided_decoding_backend")
+    if backend is None:
+        return "guided decoding is off: parameter guided_decoding_backend is not set"
+    if backend != "xgrammar":
+        return f"guided_decoding_backend {backend!r} is not supported by the CPU engine (xgrammar)"
+    tokenizer = _param(model_config, "tokenizer_dir")
+    if tokenizer is not None:
+        tokenizer_dir = Path(tokenizer)
+        if not tokenizer_dir.is_absolute():
+            tokenizer_dir = Path(model_repository).parent.parent / tokenizer_dir
+    else:  # an hf-mode engine's checkpoint holds its tokenizer
+        tokenizer_dir = config.checkpoint_path()
+    return _EngineGuides(tokenizer_dir.resolve(), config.pretrained_config.vocab_size)
+
+
 class TritonPythonModel:
     """tensorrt_llm contract on CPU: in-flight batching scheduler + synthetic or hf backend."""
 
@@ -116,6 +175,7 @@ class TritonPythonModel:
             exclude_input_in_output=_bool_param(model_config, "exclude_input_in_output", False),
             max_batch_size=build.max_batch_size,
         )
+        self.guides = _guides(model_config, config, args["model_repository"])
         self.scheduler = Scheduler(
             _make_backend(config),
             build.max_batch_size,
@@ -177,6 +237,11 @@ class TritonPythonModel:
             )
         # Rows x num_return_sequences GenRequests, each in its own batch slot (TensorRT-LLM's
         # child requests); they share the request id, so stop=true cancels all of them.
+        for kwargs in parsed.sequences:
+            if kwargs["guided"] is not None:
+                if isinstance(self.guides, str):
+                    raise RequestError(self.guides)
+                kwargs["grammar"] = self.guides.compile(kwargs["guided"])
         group.set_sequences(len(parsed.sequences), parsed.perf_metrics)
         for kwargs in parsed.sequences:
             self.scheduler.submit(GenRequest(sink=group.sink(), **kwargs))
