@@ -1,7 +1,8 @@
 """`response_format` and vLLM's `guided_*` fields → the core request's output constraint.
 
-OpenAI's `{"type": "json_object"}` is TensorRT-LLM's guide type `json` (any JSON object);
-`{"type": "json_schema", ...}` is `json_schema`; `guided_regex` is `regex`; `guided_grammar`
+OpenAI's `{"type": "json_object"}` is a `json_schema` guide of any JSON object (TensorRT-LLM's
+guide type `json` would admit any JSON value, e.g. a bare `false`); `{"type": "json_schema", ...}`
+is `json_schema`; `guided_regex` is `regex`; `guided_grammar`
 is `ebnf_grammar` (xgrammar's EBNF); `guided_choice` is an EBNF grammar of its strings. A request
 may carry one constraint: two are a 400, since the engine applies a single guide.
 """
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 
 from ..schemas import GuidedDecoding
 from .protocol import ResponseFormat, _SamplingFields
+
+# Any JSON object. additionalProperties is spelled out: xgrammar's strict mode (TensorRT-LLM's
+# too) reads a schema without it as "no properties but those listed".
+ANY_OBJECT = json.dumps({"type": "object", "additionalProperties": True})
 
 
 class FormatError(ValueError):
@@ -57,11 +62,11 @@ def _from_response_format(response_format: ResponseFormat) -> GuidedDecoding | N
     if response_format.type == "text":
         return None
     if response_format.type == "json_object":
-        return GuidedDecoding(type="json")
+        return GuidedDecoding(type="json_schema", guide=ANY_OBJECT)
     spec = response_format.json_schema
     assert spec is not None  # checked by ResponseFormat
     if spec.json_schema is None:  # OpenAI's schema is optional: then any JSON object
-        return GuidedDecoding(type="json")
+        return GuidedDecoding(type="json_schema", guide=ANY_OBJECT)
     return GuidedDecoding(type="json_schema", guide=json.dumps(spec.json_schema))
 
 

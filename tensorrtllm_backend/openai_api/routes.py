@@ -114,7 +114,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         parsed = await _parse(request, CompletionRequest)
         assert isinstance(parsed, CompletionRequest)
         server = serving()
-        prepared = server.prepare_completion(parsed)
+        prepared = await server.prepare_completion(parsed)
         if parsed.stream:
             usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             events = server.stream_completion(prepared, usage)
@@ -125,7 +125,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         parsed = await _parse(request, ChatCompletionRequest)
         assert isinstance(parsed, ChatCompletionRequest)
         server = serving()
-        prepared, plan = server.prepare_chat(parsed)
+        prepared, plan = await server.prepare_chat(parsed)
         if parsed.stream:
             usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             events = server.stream_chat(prepared, usage, plan)

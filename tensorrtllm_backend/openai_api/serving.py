@@ -177,7 +177,15 @@ class OpenAIServing:
             fields["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
 
-    def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
+    async def _checked(self, prepared: PreparedRequest, guide_param: str | None) -> None:
+        """A guide the engine could not enforce is a 400 quoting the compiler, before Triton
+        sees the request (compiled in a thread, cached)."""
+        try:
+            await self.generator.check_guide(prepared)
+        except RequestError as error:
+            raise OpenAIError.from_request_error(error, guide_param) from None
+
+    async def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
         self._check_common(request)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
@@ -186,8 +194,9 @@ class OpenAIServing:
         params = self._sampling(request, request.logprobs is not None, guide)
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
+        param = constraint.param if constraint else None
         try:
-            return self.generator.prepare(
+            prepared = self.generator.prepare(
                 request.prompt,  # type: ignore[arg-type]
                 params,
                 new_request_id(),
@@ -195,8 +204,9 @@ class OpenAIServing:
                 lora=self._lora(request),
             )
         except RequestError as error:
-            param = constraint.param if constraint else None
             raise OpenAIError.from_request_error(error, param) from None
+        await self._checked(prepared, param)
+        return prepared
 
     def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         tokenizer = self.generator.tokenizer
@@ -237,7 +247,9 @@ class OpenAIServing:
         except ToolError as error:
             raise OpenAIError(str(error), param=error.param) from None
 
-    def prepare_chat(self, request: ChatCompletionRequest) -> tuple[PreparedRequest, ToolPlan]:
+    async def prepare_chat(
+        self, request: ChatCompletionRequest
+    ) -> tuple[PreparedRequest, ToolPlan]:
         """The core request and the tool plan its answer is read back with."""
         self._check_common(request)
         if request.top_logprobs:
@@ -269,6 +281,7 @@ class OpenAIServing:
             )  # fmt: skip
         except RequestError as error:
             raise OpenAIError.from_request_error(error, guide_param) from None
+        await self._checked(prepared, guide_param)
         return prepared, plan
 
     # -- running -----------------------------------------------------------------------------

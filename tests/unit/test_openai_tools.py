@@ -125,7 +125,11 @@ def test_one_call_unless_parallel_and_the_formats_key() -> None:
 def test_response_format_mapping() -> None:
     assert output_constraint(chat()) is None
     assert output_constraint(chat(response_format={"type": "text"})) is None
-    assert output_constraint(chat(response_format={"type": "json_object"})).guide.type == "json"
+    any_object = output_constraint(chat(response_format={"type": "json_object"})).guide
+    assert any_object.type == "json_schema"
+    jsonschema.validate({"a": [1]}, json.loads(any_object.guide))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(False, json.loads(any_object.guide))
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
     found = output_constraint(chat(response_format={"type": "json_schema", "json_schema": {
         "name": "answer", "schema": schema, "strict": True}}))  # fmt: skip
