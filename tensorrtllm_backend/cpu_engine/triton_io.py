@@ -71,7 +71,17 @@ class _Inputs:
 
     def strings(self, name: str) -> list[str | None]:
         """One UTF-8 string per row (TYPE_STRING [B, 1]); None where absent or empty."""
-        values = self.rows(name, None)
+        array = self.array(name)
+        if array is None or array.size == 0:
+            return [None] * self.batch
+        values = array.reshape(-1).tolist()
+        if len(values) == 1:
+            values *= self.batch
+        elif len(values) != self.batch:
+            raise RequestError(
+                f"input '{name}' must hold one value per sequence ({self.batch}), "
+                f"got shape {array.shape}"
+            )
         texts: list[str | None] = []
         for value in values:
             if isinstance(value, bytes):

@@ -113,6 +113,39 @@ NATIVE_CASES = [
     *_native("non-utf8", b'{"prompt": "\xff\xfe hi"}', "json"),
     *_native("not-an-object", b"[1, 2]", "object"),
     *_native("oversized-body", {"prompt": "x" * BIG}, "larger than", 413),
+    *_native("guide-type-unknown", {"prompt": "hi", "guided_decoding": {"type": "xml"}}, "type"),
+    *_native(
+        "guide-missing", {"prompt": "hi", "guided_decoding": {"type": "regex"}}, "needs a guide"
+    ),
+    *_native(
+        "guide-schema-not-json",
+        {"prompt": "hi", "guided_decoding": {"type": "json_schema", "guide": "{type: object"}},
+        "not valid json",
+    ),  # fmt: skip
+    *_native(
+        "guide-schema-invalid",
+        {"prompt": "hi", "guided_decoding": {"type": "json_schema", "guide": '{"type": 7}'}},
+        "not a valid json schema",
+    ),  # fmt: skip
+    # The compiler's own words: where the regex / grammar breaks.
+    *_native(
+        "guide-regex-unclosed",
+        {"prompt": "hi", "guided_decoding": {"type": "regex", "guide": "[a-"}},
+        "unclosed '['",
+    ),  # fmt: skip
+    *_native(
+        "guide-grammar-undefined-rule",
+        {"prompt": "hi", "guided_decoding": {"type": "ebnf_grammar", "guide": "root ::= item"}},
+        'rule "item" is not defined',
+    ),  # fmt: skip
+    *_native(
+        "guide-schema-bad-ref",
+        {
+            "prompt": "hi",
+            "guided_decoding": {"type": "json_schema", "guide": '{"$ref": "#/$defs/missing"}'},
+        },
+        "does not compile",
+    ),  # fmt: skip
 ]
 
 OPENAI_CASES = [

@@ -250,6 +250,18 @@ def test_packed_engine_layout(packed: bentoml.Model, engine_dir: Path) -> None:
     tokenizer_dir = parse_config((repository / "preprocessing" / "config.pbtxt").read_text())
     assert tokenizer_dir.parameters["tokenizer_dir"].string_value == "tokenizer"
     assert str(root) not in (repository / "tensorrt_llm" / "config.pbtxt").read_text()
+    # Guided decoding on the C++ backend: xgrammar over the stored tokenizer.
+    assert config.parameters["guided_decoding_backend"].string_value == "xgrammar"
+    assert config.parameters["tokenizer_dir"].string_value == "tokenizer"
+
+
+def test_guided_decoding_can_be_turned_off(engine_dir, demo_checkpoint, name, capsys) -> None:
+    code = run_pack(
+        "--engine-dir", str(engine_dir), "--tokenizer-dir", str(demo_checkpoint),
+        "--name", name, "--guided-decoding-backend", "off", "--dry-run",
+    )  # fmt: skip
+    assert code == 0
+    assert "guided_decoding_backend=," in capsys.readouterr().out
 
 
 def test_packed_manifest_and_metadata(packed: bentoml.Model) -> None:

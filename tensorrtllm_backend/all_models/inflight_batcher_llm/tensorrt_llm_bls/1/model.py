@@ -281,7 +281,12 @@ class _Stream:
         if "output_ids" not in outputs:
             return None
         tokens = outputs["output_ids"]
-        tokens = tokens.reshape(-1, tokens.shape[-1]) if tokens.ndim > 1 else tokens[None, :]
+        if tokens.ndim > 1:
+            # Rows spelled out: -1 cannot be inferred for the empty [1, 1, 0] of a response that
+            # only ends the stream (the end token is not returned).
+            tokens = tokens.reshape(int(np.prod(tokens.shape[:-1])), tokens.shape[-1])
+        else:
+            tokens = tokens[None, :]
         lengths = outputs.get("sequence_length")
         if lengths is None:
             lengths = np.full(tokens.shape[0], tokens.shape[1])

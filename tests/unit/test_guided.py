@@ -1,0 +1,176 @@
+"""Guide checks and the compile cache (tensorrtllm_backend.guided), and the guide tensors each
+route sends. The tokenizer is the demo model's, trained locally."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from tensorrtllm_backend.client import TritonLLMClient
+from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.generation import EngineLimits, Generator, RequestError, Route
+from tensorrtllm_backend.guided import GuideCompiler, GuideError, check_guide_text
+from tensorrtllm_backend.schemas import GuidedDecoding, SamplingParams
+
+pytest.importorskip("xgrammar")
+
+LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
+SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}})
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+
+
+@pytest.fixture
+def compiler(tokenizer) -> GuideCompiler:
+    return GuideCompiler(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("guided", "message"),
+    [
+        (GuidedDecoding(type="regex"), "needs a guide"),
+        (GuidedDecoding(type="ebnf_grammar", guide="  "), "needs a guide"),
+        (GuidedDecoding(type="json_schema", guide="{'a': 1}"), "not valid JSON"),
+        (GuidedDecoding(type="json_schema", guide='{"type": "objekt"}'), "not a valid JSON Schema"),
+        (GuidedDecoding(type="json_schema", guide="[1, 2]"), "expected an object, got list"),
+        (GuidedDecoding(type="structural_tag", guide="{oops"), "not valid JSON"),
+    ],
+)
+def test_guides_refused_before_compiling(guided: GuidedDecoding, message: str) -> None:
+    with pytest.raises(GuideError, match=message):
+        check_guide_text(guided)
+
+
+@pytest.mark.parametrize(
+    ("guided", "message"),
+    [
+        (
+            GuidedDecoding(type="regex", guide="(ab"),
+            "regex guide does not compile: .*parenthesis is not closed",
+        ),
+        (GuidedDecoding(type="ebnf_grammar", guide="root ::= x"), 'Rule "x" is not defined'),
+        (GuidedDecoding(type="json_schema", guide='{"$ref": "#/nope"}'), "Cannot find field"),
+    ],
+)
+def test_compiler_message_is_quoted_without_native_noise(
+    compiler: GuideCompiler, guided: GuidedDecoding, message: str
+) -> None:
+    with pytest.raises(GuideError, match=message) as raised:
+        compiler.compile(guided)
+    assert ".cc:" not in str(raised.value) and "Check failed" not in str(raised.value)
+
+
+def test_compiled_grammars_are_cached_by_type_and_guide(compiler: GuideCompiler) -> None:
+    schema = GuidedDecoding(type="json_schema", guide=SCHEMA)
+    first = compiler.compile(schema)
+    assert compiler.compile(GuidedDecoding(type="json_schema", guide=SCHEMA)) is first
+    assert compiler.compile(GuidedDecoding(type="json", guide=SCHEMA)) is not first
+    bad = GuidedDecoding(type="regex", guide="[z-a]")
+    with pytest.raises(GuideError) as once:
+        compiler.compile(bad)
+    assert compiler.cached(GuidedDecoding(type="json_schema", guide=SCHEMA)) is first
+    with pytest.raises(GuideError) as twice:
+        compiler.cached(bad)  # the failure is remembered, not compiled again
+    assert twice.value is once.value
+
+
+def test_cache_is_bounded(tokenizer) -> None:
+    compiler = GuideCompiler(tokenizer, cache_size=2)
+    guides = [GuidedDecoding(type="regex", guide=f"a{{{n}}}") for n in range(1, 4)]
+    for guided in guides:
+        compiler.compile(guided)
+    assert compiler.cached(guides[0]) is None
+    assert compiler.cached(guides[2]) is not None
+
+
+async def test_concurrent_checks_share_one_compilation(compiler: GuideCompiler, monkeypatch):
+    calls = []
+    compile_for_real = compiler._compile
+
+    def counting(guided: GuidedDecoding):
+        calls.append(guided)
+        return compile_for_real(guided)
+
+    monkeypatch.setattr(compiler, "_compile", counting)
+    guided = GuidedDecoding(type="json_schema", guide=SCHEMA)
+    await asyncio.gather(*(compiler.check(guided) for _ in range(8)))
+    assert len(calls) == 1
+    await compiler.check(guided)
+    assert len(calls) == 1
+
+
+async def test_compiling_leaves_the_event_loop_free(compiler: GuideCompiler) -> None:
+    """Compilation runs in a thread: the loop keeps ticking meanwhile."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.ensure_future(ticker())
+    properties = {f"field{i}": {"type": "string", "pattern": "[a-z]{2,9}"} for i in range(40)}
+    big = json.dumps({"type": "object", "properties": properties, "required": list(properties)})
+    await compiler.check(GuidedDecoding(type="json_schema", guide=big))
+    task.cancel()
+    assert ticks > 1
+
+
+def _generator(tokenizer, route: Route, **kwargs) -> Generator:
+    return Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route, **kwargs)
+
+
+@pytest.mark.parametrize("route", list(Route))
+def test_every_route_sends_the_guide_tensors(tokenizer, route: Route) -> None:
+    generator = _generator(tokenizer, route)
+    params = SamplingParams(guided_decoding=GuidedDecoding(type="json_schema", guide=SCHEMA))
+    tensors, _ = generator._triton_inputs(generator.prepare("Hi", params), False)
+    guide_type = tensors["guided_decoding_guide_type"]
+    guide = tensors["guided_decoding_guide"]
+    assert guide_type.dtype == np.object_ and guide_type.tolist() == [[b"json_schema"]]
+    assert guide.dtype == np.object_ and guide.tolist() == [[SCHEMA.encode()]]
+
+
+@pytest.mark.parametrize("route", list(Route))
+def test_json_without_guide_sends_the_type_alone(tokenizer, route: Route) -> None:
+    generator = _generator(tokenizer, route)
+    params = SamplingParams(guided_decoding=GuidedDecoding(type="json"))
+    tensors, _ = generator._triton_inputs(generator.prepare("Hi", params), False)
+    assert tensors["guided_decoding_guide_type"].tolist() == [[b"json"]]
+    assert "guided_decoding_guide" not in tensors
+
+
+def test_unguided_request_sends_no_guide_tensor(tokenizer) -> None:
+    generator = _generator(tokenizer, Route.DIRECT)
+    tensors, _ = generator._triton_inputs(generator.prepare("Hi", SamplingParams()), False)
+    assert not any(name.startswith("guided_decoding") for name in tensors)
+
+
+async def test_generator_turns_guide_errors_into_request_errors(tokenizer) -> None:
+    generator = _generator(tokenizer, Route.DIRECT)
+    with pytest.raises(RequestError, match="needs a guide") as raised:
+        generator.prepare("Hi", SamplingParams(guided_decoding=GuidedDecoding(type="regex")))
+    assert raised.value.param == "guided_decoding" and raised.value.status == 400
+    prepared = generator.prepare(
+        "Hi", SamplingParams(guided_decoding=GuidedDecoding(type="regex", guide="[0-"))
+    )
+    with pytest.raises(RequestError, match="does not compile"):
+        await generator.check_guide(prepared)
+    await generator.client.close()
+
+
+def test_model_without_guided_decoding_refuses_guides(tokenizer) -> None:
+    generator = _generator(tokenizer, Route.DIRECT, guides_unsupported="guided decoding is off")
+    with pytest.raises(RequestError, match="guided decoding is off"):
+        generator.prepare("Hi", SamplingParams(guided_decoding=GuidedDecoding(type="json")))
+    generator.prepare("Hi", SamplingParams())  # unguided requests are served as before
