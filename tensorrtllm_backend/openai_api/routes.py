@@ -29,7 +29,8 @@ from .protocol import (
     _SamplingFields,
     unknown_fields,
 )
-from .serving import OpenAIError, OpenAIServing, sse
+from .serving import OpenAIError, OpenAIServing
+from .streams import sse
 
 logger = logging.getLogger(__name__)
 
