@@ -265,6 +265,19 @@ def test_named_tool_choice_calls_that_tool(client: openai.OpenAI, model: str) ->
         assert result.choices[0].finish_reason == "tool_calls"
 
 
+def test_every_choice_gets_its_call(client: openai.OpenAI, model: str) -> None:
+    result = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required", n=3, seed=5,
+        parallel_tool_calls=False, max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+    assert [choice.index for choice in result.choices] == [0, 1, 2]
+    for choice in result.choices:
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert_valid_call(call, {"get_weather", "get_time"})
+    assert len({c.message.tool_calls[0].id for c in result.choices}) == 3
+
+
 def streamed_calls(chunks: list[Any]) -> tuple[str, list[tuple[str, str, str]], str | None]:
     """(content, [(id, name, arguments)], finish reason) put together from streamed deltas."""
     content, calls, finish = "", {}, None
@@ -315,7 +328,7 @@ def test_a_tool_result_in_the_history_is_answered(
     call = first.choices[0].message.tool_calls[0]
     history = [
         *MESSAGES,
-        first.choices[0].message.model_dump(exclude_none=True),
+        first.choices[0].message.model_dump(),  # as the client parsed it, nulls and all
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 14}'},
     ]
     second = client.chat.completions.create(
