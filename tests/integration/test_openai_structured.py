@@ -370,6 +370,16 @@ def test_auto_tool_choice_answers_in_text_when_no_call_is_made(
     assert result.usage.prompt_tokens > plain.usage.prompt_tokens + 50
 
 
+def test_streamed_auto_answer_equals_the_whole_one(client: openai.OpenAI, model: str) -> None:
+    fields = dict(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0,
+                  extra_body={"ignore_eos": True})  # fmt: skip
+    whole = client.chat.completions.create(**fields).choices[0]
+    content, calls, finish = streamed_calls(
+        list(client.chat.completions.create(**fields, stream=True))
+    )
+    assert (content, calls, finish) == (whole.message.content, [], whole.finish_reason)
+
+
 def test_default_temperature_samples(client: openai.OpenAI, model: str) -> None:
     """Without temperature the OpenAI API samples (temperature 1), as OpenAI does."""
     texts = {
