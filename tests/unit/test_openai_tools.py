@@ -201,3 +201,15 @@ def test_unsupported_and_unknown_fields() -> None:
 
     request = chat(temprature=1, tools=[{**WEATHER, "extra": 1}])
     assert unknown_fields(request) == ["temprature", "tools[0].extra"]
+
+
+def test_tool_parser_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorrtllm_backend.runtime import TOOL_PARSER_ENV, RuntimeSettings
+
+    monkeypatch.delenv(TOOL_PARSER_ENV, raising=False)
+    assert RuntimeSettings.from_env().tool_parser is None
+    monkeypatch.setenv(TOOL_PARSER_ENV, "llama3_json")
+    assert RuntimeSettings.from_env().tool_parser == "llama3_json"
+    monkeypatch.setenv(TOOL_PARSER_ENV, "qwen-ish")
+    with pytest.raises(ValueError, match="hermes"):
+        RuntimeSettings.from_env()
