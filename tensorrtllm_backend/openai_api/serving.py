@@ -173,12 +173,6 @@ class OpenAIServing(StreamingServing):
                 param="messages",
             )
         tools = plan.template_tools() if plan is not None else None
-        if tools and not self.template_renders_tools:
-            raise OpenAIError(
-                "this model's chat template does not render tools, so the model would not see "
-                "them: send the request without tools, or pack a tokenizer whose template has them",
-                param="tools",
-            )
         try:
             messages = [history_message(m) for m in request.messages]
             return str(

@@ -101,6 +101,12 @@ def plan_tools(
                 "tool_choice needs tools: send the functions it may call", "tool_choice"
             )
         return ToolPlan("none")
+    if not template_renders_tools:
+        raise ToolError(
+            "this model's chat template does not render tools, so the model would not see them: "
+            "send the request without tools, or pack a tokenizer whose chat template has them",
+            "tools",
+        )
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
         if name not in names:
@@ -117,11 +123,12 @@ def plan_tools(
         arguments_key = fmt.arguments_key if fmt is not None else "arguments"
         schema = calls_schema(tools, arguments_key, request.parallel_tool_calls)
         return ToolPlan("required", tools, guide=_json_schema_guide(schema))
-    if fmt is None or not template_renders_tools:
+    if fmt is None:
         raise ToolError(
-            'tool_choice "auto" needs a chat template that renders tools in a known tool-call '
-            "format (hermes, llama3_json, mistral; or set TRTLLM_TOOL_PARSER); this model's has "
-            'none: send tool_choice "required" or {"type": "function", "function": {"name": ...}}',
+            "tool_choice \"auto\" reads calls in the model's own format, and this model's chat "
+            "template writes none that is known (hermes, llama3_json, mistral; name one with "
+            'TRTLLM_TOOL_PARSER): send tool_choice "required" or {"type": "function", '
+            '"function": {"name": ...}}',
             "tool_choice",
         )
     return ToolPlan("auto", tools, fmt=fmt)

@@ -79,6 +79,13 @@ def test_refused_tool_requests(fields, fmt, param: str, says: str) -> None:
     assert caught.value.param == param and says in str(caught.value)
 
 
+def test_a_template_without_tools_refuses_them() -> None:
+    for choice in ("auto", "required", "none"):
+        with pytest.raises(ToolError, match="does not render tools") as caught:
+            plan(HERMES, renders=False, tools=[WEATHER], tool_choice=choice)
+        assert caught.value.param == "tools"
+
+
 def test_named_choice_guides_the_arguments() -> None:
     result = plan(tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name":
                   "get_weather"}})  # fmt: skip
