@@ -42,8 +42,8 @@ def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
 # Fields of OpenAI's request schema that would change the answer and that this server cannot
 # honour: each is a 400 naming it (when set to anything but its neutral value).
 UNSUPPORTED_FIELDS = {
-    "logit_bias": "logit_bias is not supported: TensorRT-LLM's request has no per-token bias "
-    "(use bad_words through the native API to ban words)",
+    "logit_bias": "logit_bias is not supported here (to keep words out of the answer, send "
+    "bad_words to the native API)",
     "functions": "functions is OpenAI's deprecated form of tools: send tools instead",
     "function_call": "function_call is OpenAI's deprecated form of tool_choice: send tool_choice",
     "audio": "audio output is not supported: this server generates text",
