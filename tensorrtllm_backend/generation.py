@@ -210,8 +210,11 @@ class Generator:
         """The guide checks that need no compiler (cheap, on the caller's thread)."""
         if self.guides_unsupported is not None:
             raise RequestError(self.guides_unsupported, param="guided_decoding")
+        guided = params.guided_decoding
+        assert guided is not None
         try:
-            check_guide_text(params.guided_decoding)  # type: ignore[arg-type]
+            if self.guides.cached(guided) is None:  # a guide compiled before passed these
+                check_guide_text(guided)
         except GuideError as error:
             raise RequestError(str(error), param="guided_decoding") from None
 

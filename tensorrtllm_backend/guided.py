@@ -169,9 +169,9 @@ class GuideCompiler:
     async def check(self, guided: GuidedDecoding) -> None:
         """Compile in a worker thread (cached, one compilation per guide however many requests
         wait for it); GuideError if the guide cannot be enforced."""
-        check_guide_text(guided)
         if self.cached(guided) is not None:
             return
+        check_guide_text(guided)
         key = guide_key(guided)
         pending = self._pending.get(key)
         if pending is None:

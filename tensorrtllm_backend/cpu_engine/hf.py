@@ -25,33 +25,43 @@ class _SeqState:
     generator: torch.Generator
     kv: KV | None = None
     length: int = 0  # tokens held in kv
-    guide: _Guide | None = None
+    matcher: object = None  # xgrammar.GrammarMatcher of a guided request
 
 
-class _Guide:
-    """A sequence's grammar matcher and its token bitmask (one row, reused every step)."""
+class _GuideStep:
+    """Grammar masks for the guided rows of a batch: one bitmask fill, one mask application and
+    one accept call per step for all of them (per-row calls cost more than the masking itself)."""
 
-    __slots__ = ("matcher", "bitmask", "_xgrammar")
-
-    def __init__(self, req: GenRequest, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int) -> None:
         import xgrammar
 
         self._xgrammar = xgrammar
+        self._vocab_size = vocab_size
+        # One thread: the engine shares the machine's cores with Triton and the service.
+        self._batch = xgrammar.BatchGrammarMatcher(max_threads=1)
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+
+    def matcher(self, req: GenRequest) -> object:
         # The request's end token closes the guide (the tokenizer's when it sent none).
         stop = [req.end_id] if req.end_id is not None and req.end_id >= 0 else None
-        self.matcher = xgrammar.GrammarMatcher(req.grammar, override_stop_tokens=stop)
-        self.bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        return self._xgrammar.GrammarMatcher(req.grammar, override_stop_tokens=stop)
 
-    def mask(self, logits: torch.Tensor) -> None:
-        """Set the logits of every token the grammar forbids next to -inf (in place)."""
-        self.matcher.fill_next_token_bitmask(self.bitmask)
-        self._xgrammar.apply_token_bitmask_inplace(logits.view(1, -1), self.bitmask)
+    def mask(self, matchers: list[object], logits: torch.Tensor) -> None:
+        """Set the logits [rows, vocab] of every token the grammars forbid next to -inf."""
+        rows = len(matchers)
+        if self._bitmask.shape[0] < rows:
+            self._bitmask = self._xgrammar.allocate_token_bitmask(rows, self._vocab_size)
+        bitmask = self._bitmask[:rows]
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        self._xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self._vocab_size)
 
-    def accept(self, req: GenRequest, token: int) -> None:
-        if not self.matcher.accept_token(token):
-            raise RuntimeError(f"the grammar rejected token {token} it allowed")
-        if self.matcher.is_terminated():
-            req.guide_ended = True
+    def accept(self, reqs: list[GenRequest], matchers: list[object], tokens: list[int]) -> None:
+        accepted = self._xgrammar.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+        for req, matcher, token, ok in zip(reqs, matchers, tokens, accepted, strict=True):
+            if not ok:
+                raise RuntimeError(f"the grammar rejected token {token} it allowed")
+            if matcher.is_terminated():  # type: ignore[attr-defined]
+                req.guide_ended = True
 
 
 def default_num_threads() -> int:
@@ -76,6 +86,7 @@ class HFBackend:
         self.model.eval()
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        self._guides: _GuideStep | None = None  # made with the first guided request
 
     # -- Backend protocol ---------------------------------------------------------------------
     def admit(self, req: GenRequest) -> None:
@@ -90,41 +101,48 @@ class HFBackend:
                 f"model's max_position_embeddings {self.max_positions}"
             )
         generator = torch.Generator().manual_seed(int(req.sampling.seed) & 0xFFFF_FFFF_FFFF_FFFF)
-        guide = _Guide(req, self.vocab_size) if req.grammar is not None else None
-        req.backend_state = _SeqState(generator=generator, guide=guide)
+        matcher = None
+        if req.grammar is not None:
+            if self._guides is None:
+                self._guides = _GuideStep(self.vocab_size)
+            matcher = self._guides.matcher(req)
+        req.backend_state = _SeqState(generator=generator, matcher=matcher)
 
     def release(self, req: GenRequest) -> None:
         req.backend_state = None
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[tuple[int, float]]:
-        results: dict[int, tuple[int, float]] = {}
+        rows: list[torch.Tensor] = [None] * len(batch)  # type: ignore[list-item]
         decoding: list[GenRequest] = []
         positions: list[int] = []
         for i, req in enumerate(batch):
             state: _SeqState = req.backend_state  # type: ignore[assignment]
             if state.kv is None:
-                results[i] = self._select(self._prefill(req, state), req, state)
+                rows[i] = self._prefill(req, state)
             else:
                 decoding.append(req)
                 positions.append(i)
         if decoding:
-            rows = self._decode(decoding)
-            for i, req, logits in zip(positions, decoding, rows, strict=True):
-                results[i] = self._select(logits, req, req.backend_state)  # type: ignore[arg-type]
-        return [results[i] for i in range(len(batch))]
-
-    @staticmethod
-    def _select(logits: torch.Tensor, req: GenRequest, state: _SeqState) -> tuple[int, float]:
-        """The next token, within the request's grammar when it has one."""
-        guide = state.guide
-        if guide is None:
-            return select_token(logits, req, state.generator)
-        logits = logits.to(torch.float32).clone()
-        guide.mask(logits)
-        token, logprob = select_token(logits, req, state.generator)
-        guide.accept(req, token)
-        return token, logprob
+            for i, logits in zip(positions, self._decode(decoding), strict=True):
+                rows[i] = logits
+        guided = [i for i, req in enumerate(batch) if req.backend_state.matcher is not None]  # type: ignore[union-attr]
+        matchers = [batch[i].backend_state.matcher for i in guided]  # type: ignore[union-attr]
+        if guided:
+            assert self._guides is not None
+            masked = torch.stack([rows[i] for i in guided]).to(torch.float32)
+            self._guides.mask(matchers, masked)
+            for i, logits in zip(guided, masked, strict=True):
+                rows[i] = logits
+        results = [
+            select_token(logits, req, req.backend_state.generator)  # type: ignore[union-attr]
+            for req, logits in zip(batch, rows, strict=True)
+        ]
+        if guided:
+            assert self._guides is not None
+            tokens = [results[i][0] for i in guided]
+            self._guides.accept([batch[i] for i in guided], matchers, tokens)
+        return results
 
     # -- model calls ---------------------------------------------------------------------------
     def _prefill(self, req: GenRequest, state: _SeqState) -> torch.Tensor:

@@ -136,7 +136,7 @@ NATIVE_CASES = [
     *_native(
         "guide-grammar-undefined-rule",
         {"prompt": "hi", "guided_decoding": {"type": "ebnf_grammar", "guide": "root ::= item"}},
-        'rule "item" is not defined',
+        "is not defined",
     ),  # fmt: skip
     *_native(
         "guide-schema-bad-ref",

@@ -142,3 +142,11 @@ def test_synthetic_engine_refuses_guides(
     response = httpx.post(f"{server.url}/generate_text", json=guided("json"), timeout=TIMEOUT)
     assert response.status_code == 400
     assert "synthetic" in response.json()["error"]
+
+
+def test_openapi_documents_guided_decoding(demo_server: BentoServer) -> None:
+    spec = httpx.get(f"{demo_server.url}/docs.json", timeout=TIMEOUT).json()
+    text = json.dumps(spec)
+    assert "guided_decoding" in text and "GuidedDecoding" in text
+    for kind in ("json_schema", "regex", "ebnf_grammar", "structural_tag"):
+        assert kind in text
