@@ -92,6 +92,7 @@ class TRTLLM:
             self.runtime.generator,
             self.runtime.served_model_name,
             self.runtime.settings.stream_interval,
+            self.runtime.settings.tool_parser,
         )
 
     @bentoml.on_shutdown

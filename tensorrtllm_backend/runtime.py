@@ -18,6 +18,7 @@ from .generation import ROUTE_MODELS, EngineLimits, Generator, Route
 from .guided import GuideCompiler
 from .lora import LoraRegistry
 from .metrics import generation_metrics
+from .openai_api.tool_parsers import FORMATS
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
 from .server import ServerState, TritonServerConfig, TritonSupervisor
@@ -34,6 +35,7 @@ PORT_ENVS = (GRPC_PORT_ENV, HTTP_PORT_ENV, METRICS_PORT_ENV)
 WORKERS_ENV = "TRTLLM_WORKERS"
 SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"  # where workers sharing a tritonserver keep its lock
 STREAM_INTERVAL_ENV = "TRTLLM_STREAM_INTERVAL"
+TOOL_PARSER_ENV = "TRTLLM_TOOL_PARSER"
 
 
 def _env_count(name: str, what: str) -> int:
@@ -64,6 +66,16 @@ def _env_port(name: str) -> int | None:
     return port
 
 
+def _tool_parser() -> str | None:
+    value = os.environ.get(TOOL_PARSER_ENV, "").strip()
+    if not value:
+        return None
+    known = (*FORMATS, "none")
+    if value not in known:
+        raise ValueError(f"{TOOL_PARSER_ENV}={value!r}: give one of {', '.join(known)}")
+    return value
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
     """Knobs read from the environment (documented in the README)."""
@@ -77,6 +89,7 @@ class RuntimeSettings:
     workers: int = 1  # HTTP workers sharing the tritonserver
     stream_interval: int = 1  # pieces per streamed HTTP message after the first (streaming.py)
     shared_dir: Path | None = None
+    tool_parser: str | None = None  # the model's tool-call format; None: from its chat template
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -91,6 +104,7 @@ class RuntimeSettings:
             workers=worker_count(),
             stream_interval=_env_count(STREAM_INTERVAL_ENV, "pieces per streamed message"),
             shared_dir=Path(os.environ[SHARED_DIR_ENV]) if os.environ.get(SHARED_DIR_ENV) else None,
+            tool_parser=_tool_parser(),
         )
 
 

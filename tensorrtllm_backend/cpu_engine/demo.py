@@ -17,10 +17,27 @@ PAD, BOS, EOS = "<pad>", "<s>", "</s>"  # ids 0, 1, 2
 SEED = 0
 
 # Renders system/user/assistant turns; each turn ends with </s>. No BOS: the tokenizer's
-# post-processor adds <s> when text is encoded with add_special_tokens=True.
+# post-processor adds <s> when text is encoded with add_special_tokens=True. Tools, tool calls and
+# tool results use the Hermes / Qwen format (<tools>, <tool_call>, <tool_response>), so the tool
+# loop of the OpenAI API runs end to end on the demo model.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\n"
+    "You may call these functions. To call one, answer with "
+    '<tool_call>{"name": <function name>, "arguments": <arguments object>}</tool_call>.\n'
+    "<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>" + EOS + "\n"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message.get('tool_calls') %}<|assistant|>\n"
+    "{% if message['content'] %}{{ message['content'] }}\n{% endif %}"
+    "{% for call in message['tool_calls'] %}"
+    '<tool_call>\n{"name": {{ call["function"]["name"] | tojson }}, '
+    '"arguments": {{ call["function"]["arguments"] | tojson }}}\n</tool_call>'
+    "{% endfor %}" + EOS + "\n"
+    "{% elif message['role'] == 'tool' %}"
+    "<|tool|>\n<tool_response>\n{{ message['content'] }}\n</tool_response>" + EOS + "\n"
+    "{% else %}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}" + EOS + "\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

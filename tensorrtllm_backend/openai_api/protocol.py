@@ -1,22 +1,82 @@
-"""Pydantic models of the OpenAI API subset we serve. Unknown fields are accepted and ignored
-(clients send many), but every field we act on is validated."""
+"""Pydantic models of the OpenAI API subset we serve.
+
+Types are strict at this edge (`"stream": "yes"` or `"max_tokens": "10"` is a 400). Fields of
+OpenAI's request schema that cannot be honoured here are a 400 naming them; fields OpenAI does not
+define are accepted, and the route logs their names once per request (see `unknown_fields`).
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..schemas import MAX_PROMPT_CHARS, MAX_STOP_WORDS, MAX_WORD_CHARS, UINT64_MAX
 
+# OpenAI's rule for function and schema names.
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted names of the fields a client sent that no model here declares (nested too)."""
+    found = [f"{prefix}{name}" for name in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for position, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                where = (
+                    f"{prefix}{name}[{position}]."
+                    if isinstance(value, list)
+                    else f"{prefix}{name}."
+                )
+                found += unknown_fields(item, where)
+    return found
+
+
+# Fields of OpenAI's request schema that would change the answer and that this server cannot
+# honour: each is a 400 naming it (when set to anything but its neutral value).
+UNSUPPORTED_FIELDS = {
+    "logit_bias": "logit_bias is not supported here (to keep words out of the answer, send "
+    "bad_words to the native API)",
+    "functions": "functions is OpenAI's deprecated form of tools: send tools instead",
+    "function_call": "function_call is OpenAI's deprecated form of tool_choice: send tool_choice",
+    "audio": "audio output is not supported: this server generates text",
+    "prediction": "predicted outputs (prediction) are not supported",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "reasoning_effort is not supported by this model",
+    "best_of": "best_of is not supported: ask for n sequences and pick one",
+}
 
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+
+
+# --- response_format and vLLM's guided_* --------------------------------------------------------
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: str = Field(..., pattern=NAME_PATTERN)
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs json_schema: {"name": ..., "schema": {...}}')
+        return self
 
 
 class _SamplingFields(OpenAIModel):
@@ -32,12 +92,24 @@ class _SamplingFields(OpenAIModel):
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    # Accepted with no effect on the answer (bookkeeping fields of OpenAI's API).
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # Extensions with TensorRT-LLM's names (as vLLM and trtllm-serve accept them).
     top_k: int | None = Field(None, ge=0)
     min_tokens: int | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, allow_inf_nan=False)
     ignore_eos: bool = False
+    # vLLM's guided-decoding extensions (at most one constraint per request).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
 
     @field_validator("stop")
     @classmethod
@@ -51,6 +123,18 @@ class _SamplingFields(OpenAIModel):
             if len(word) > MAX_WORD_CHARS:
                 raise ValueError(f"stop sequences must be at most {MAX_WORD_CHARS} characters")
         return words
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """The first field set that cannot be honoured here, with what to do instead."""
+        extra = self.model_extra or {}
+        for name, reason in UNSUPPORTED_FIELDS.items():
+            value = extra.get(name)
+            neutral = value in (None, {}, [], False) or (name == "best_of" and value in (1, self.n))
+            if not neutral:
+                return name, reason
+        if extra.get("modalities") not in (None, ["text"]):
+            return "modalities", 'only text output is supported: send modalities ["text"] or none'
+        return None
 
 
 class CompletionRequest(_SamplingFields):
@@ -73,10 +157,65 @@ class CompletionRequest(_SamplingFields):
         return prompt
 
 
+# --- tools --------------------------------------------------------------------------------------
+
+
+class FunctionDefinition(OpenAIModel):
+    name: str = Field(..., pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(OpenAIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ToolCallFunction(OpenAIModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(OpenAIModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # What the official client sends back when an answer's message is put in the history as is.
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.function_call is not None:
+            raise ValueError("function_call is OpenAI's deprecated form of tool_calls: send those")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         """Plain text of the message; only text content parts are supported."""
@@ -95,6 +234,12 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+
+# --- responses ------------------------------------------------------------------------------------
 
 
 class Usage(BaseModel):
@@ -121,7 +266,8 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -138,6 +284,14 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+
+    def to_json(self) -> dict[str, Any]:
+        """Absent optional fields left out, except a message's content: null is OpenAI's answer
+        when the assistant only calls tools."""
+        body = self.model_dump(exclude_none=True)
+        for choice in body["choices"]:
+            choice["message"].setdefault("content", None)
+        return body
 
 
 class ModelCard(BaseModel):

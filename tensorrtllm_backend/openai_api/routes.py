@@ -26,8 +26,11 @@ from .protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    _SamplingFields,
+    unknown_fields,
 )
-from .serving import OpenAIError, OpenAIServing, sse
+from .serving import OpenAIError, OpenAIServing
+from .streams import sse
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +71,20 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
     if len(body) > MAX_BODY_BYTES:
         raise OpenAIError(f"request body is larger than {MAX_BODY_BYTES} bytes", 413)
     try:
-        return model.model_validate_json(body)
+        parsed = model.model_validate_json(body)
     except ValidationError as error:
         message, param = _validation_message(error)
         if any(e.get("type") == "json_invalid" for e in error.errors()):
             message = "the request body is not valid JSON"
         raise OpenAIError(message, 400, param=param) from None
+    if isinstance(parsed, _SamplingFields):
+        refused = parsed.unsupported()
+        if refused is not None:
+            raise OpenAIError(refused[1], 400, param=refused[0])
+    unknown = unknown_fields(parsed)
+    if unknown:
+        logger.warning("%s: ignoring unknown field(s) %s", request.url.path, ", ".join(unknown))
+    return parsed
 
 
 def build_openai_app(get_serving: ServingProvider) -> Starlette:
@@ -104,7 +115,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         parsed = await _parse(request, CompletionRequest)
         assert isinstance(parsed, CompletionRequest)
         server = serving()
-        prepared = server.prepare_completion(parsed)
+        prepared = await server.prepare_completion(parsed)
         if parsed.stream:
             usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             events = server.stream_completion(prepared, usage)
@@ -115,12 +126,12 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         parsed = await _parse(request, ChatCompletionRequest)
         assert isinstance(parsed, ChatCompletionRequest)
         server = serving()
-        prepared = server.prepare_chat(parsed)
+        prepared, plan = await server.prepare_chat(parsed)
         if parsed.stream:
             usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            events = server.stream_chat(prepared, usage)
+            events = server.stream_chat(prepared, usage, plan)
             return await _streaming_response(events, server.stream_interval)
-        return JSONResponse((await server.chat(prepared)).model_dump(exclude_none=True))
+        return JSONResponse((await server.chat(prepared, plan)).to_json())
 
     async def models(request: Request) -> Response:
         server = serving()

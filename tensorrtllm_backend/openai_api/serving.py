@@ -1,23 +1,22 @@
 """OpenAI requests → the shared generation core → OpenAI responses and SSE chunks.
 
-Chat prompts are rendered with the tokenizer's own chat template; streaming and non-streaming
-answers both come from :meth:`Generator.stream`.
+Chat prompts are rendered with the tokenizer's own chat template (tools and tool results
+included); streaming and non-streaming answers both come from :meth:`Generator.stream`. Output
+constraints (response_format, guided_*, forced tool calls) become the core request's guide.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
-import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
 from ..generation import Generator, PreparedRequest, RequestError, new_request_id
-from ..schemas import MAX_RETURN_SEQUENCES, FinishReason, SamplingParams, SequenceResult
+from ..schemas import (
+    MAX_RETURN_SEQUENCES,
+    GuidedDecoding,
+    SamplingParams,
+    SequenceResult,
+)
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -26,10 +25,14 @@ from .protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    Usage,
 )
+from .response_format import FormatError, OutputConstraint, output_constraint
+from .streams import StreamingServing, call_finish_reason, finish_reason
+from .tool_parsers import FORMATS, detect_format
+from .tools import ToolError, ToolPlan, extract_calls, history_message, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+OPENAI_DEFAULT_TEMPERATURE = 1.0  # OpenAI samples when temperature is not given
 CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
 
 
@@ -44,48 +47,37 @@ class OpenAIError(Exception):
         self.status, self.kind, self.param, self.code = status, kind, param, code
 
     @classmethod
-    def from_request_error(cls, error: RequestError) -> OpenAIError:
+    def from_request_error(cls, error: RequestError, guide_param: str | None = None) -> OpenAIError:
+        """`guide_param`: the OpenAI field the request's guide came from, named in its errors."""
         code = "context_length_exceeded" if error.param in ("prompt", "max_tokens") else None
-        return cls(str(error), error.status, param=error.param, code=code)
+        param = error.param
+        if guide_param and param and param.startswith("guided_decoding"):
+            param = guide_param
+        return cls(str(error), error.status, param=param, code=code)
 
 
-def sse(payload: BaseModel | dict[str, Any] | str) -> str:
-    if isinstance(payload, BaseModel):
-        payload = payload.model_dump_json(exclude_none=True)
-    elif isinstance(payload, dict):
-        payload = json.dumps(payload)
-    return f"data: {payload}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def _finish(reason: FinishReason | None) -> str | None:
-    return None if reason is None else ("length" if reason is FinishReason.LENGTH else "stop")
-
-
-@dataclass(slots=True)
-class _Event:
-    index: int
-    text: str
-    finish_reason: str | None
-    token_ids: list[int]
-    log_probs: list[float]
-    token_count: int
-
-    @classmethod
-    def empty(cls, index: int) -> _Event:
-        """Nothing gathered yet for sequence `index`."""
-        return cls(index, "", None, [], [], 0)
-
-
-class OpenAIServing:
+class OpenAIServing(StreamingServing):
     """Validates OpenAI requests against the served model and runs them on the generator."""
 
-    def __init__(self, generator: Generator, model_name: str, stream_interval: int = 1) -> None:
+    def __init__(
+        self,
+        generator: Generator,
+        model_name: str,
+        stream_interval: int = 1,
+        tool_parser: str | None = None,
+    ) -> None:
+        """`tool_parser`: the model's tool-call format by name (TRTLLM_TOOL_PARSER); None: read
+        from its chat template; "none": no tool calls are parsed."""
         self.generator = generator
         self.model_name = model_name
         self.stream_interval = stream_interval  # SSE events per HTTP message after the first
+        template = getattr(generator.tokenizer, "chat_template", None)
+        texts = template.values() if isinstance(template, dict) else [template or ""]
+        self.template_renders_tools = any("tools" in text for text in texts)
+        if tool_parser is None:
+            self.tool_format = detect_format(template)
+        else:
+            self.tool_format = None if tool_parser == "none" else FORMATS[tool_parser]
 
     # -- request translation --------------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -111,10 +103,14 @@ class OpenAIServing:
             )
 
     def _sampling(
-        self, request: CompletionRequest | ChatCompletionRequest, want_log_probs: bool
+        self,
+        request: CompletionRequest | ChatCompletionRequest,
+        want_log_probs: bool,
+        guide: GuidedDecoding | None = None,
     ) -> SamplingParams:
+        temperature = request.temperature
         fields: dict[str, Any] = {
-            "temperature": request.temperature,
+            "temperature": OPENAI_DEFAULT_TEMPERATURE if temperature is None else temperature,
             "top_p": request.top_p,
             "top_k": request.top_k,
             "presence_penalty": request.presence_penalty,
@@ -128,6 +124,7 @@ class OpenAIServing:
             "return_log_probs": want_log_probs,
             "ignore_eos": request.ignore_eos,
             "num_return_sequences": request.n,
+            "guided_decoding": guide,
         }
         max_tokens = request.max_completion_tokens or request.max_tokens
         if max_tokens is not None:
@@ -136,15 +133,26 @@ class OpenAIServing:
             fields["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
 
-    def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
+    async def _checked(self, prepared: PreparedRequest, guide_param: str | None) -> None:
+        """A guide the engine could not enforce is a 400 quoting the compiler, before Triton
+        sees the request (compiled in a thread, cached)."""
+        try:
+            await self.generator.check_guide(prepared)
+        except RequestError as error:
+            raise OpenAIError.from_request_error(error, guide_param) from None
+
+    async def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
         self._check_common(request)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
-        params = self._sampling(request, want_log_probs=request.logprobs is not None)
+        constraint = _constraint(request)
+        guide = constraint.guide if constraint else None
+        params = self._sampling(request, request.logprobs is not None, guide)
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
+        param = constraint.param if constraint else None
         try:
-            return self.generator.prepare(
+            prepared = self.generator.prepare(
                 request.prompt,  # type: ignore[arg-type]
                 params,
                 new_request_id(),
@@ -152,9 +160,11 @@ class OpenAIServing:
                 lora=self._lora(request),
             )
         except RequestError as error:
-            raise OpenAIError.from_request_error(error) from None
+            raise OpenAIError.from_request_error(error, param) from None
+        await self._checked(prepared, param)
+        return prepared
 
-    def render_chat(self, request: ChatCompletionRequest) -> str:
+    def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         tokenizer = self.generator.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise OpenAIError(
@@ -162,11 +172,15 @@ class OpenAIServing:
                 "model with a tokenizer whose tokenizer_config.json has a chat_template",
                 param="messages",
             )
+        tools = plan.template_tools() if plan is not None else None
         try:
-            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            messages = [history_message(m) for m in request.messages]
             return str(
                 tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=request.add_generation_prompt
+                    messages,
+                    tools=tools,
+                    tokenize=False,
+                    add_generation_prompt=request.add_generation_prompt,
                 )
             )
         except ValueError as error:
@@ -176,7 +190,17 @@ class OpenAIServing:
                 f"the chat template rejected the messages: {error}", param="messages"
             ) from None
 
-    def prepare_chat(self, request: ChatCompletionRequest) -> PreparedRequest:
+    def plan_tools(self, request: ChatCompletionRequest) -> ToolPlan:
+        """How the request's tools are used (a 400 for a combination that cannot be served)."""
+        try:
+            return plan_tools(request, self.tool_format, self.template_renders_tools)
+        except ToolError as error:
+            raise OpenAIError(str(error), param=error.param) from None
+
+    async def prepare_chat(
+        self, request: ChatCompletionRequest
+    ) -> tuple[PreparedRequest, ToolPlan]:
+        """The core request and the tool plan its answer is read back with."""
         self._check_common(request)
         if request.top_logprobs:
             raise OpenAIError(
@@ -184,33 +208,33 @@ class OpenAIServing:
                 "probability only (use logprobs=true)",
                 param="top_logprobs",
             )
-        prompt = self.render_chat(request)
-        params = self._sampling(request, want_log_probs=request.logprobs)
+        plan = self.plan_tools(request)
+        constraint = _constraint(request)
+        guide, guide_param = (constraint.guide, constraint.param) if constraint else (None, None)
+        if plan.guide is not None:
+            if constraint is not None:
+                raise OpenAIError(
+                    f"tool_choice {plan.mode!r} constrains the answer to a tool call, so it "
+                    f"cannot be combined with {constraint.param}",
+                    param=constraint.param,
+                )
+            guide, guide_param = plan.guide, "tools"
+        elif constraint is not None and plan.parses_calls:
+            plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
+        prompt = self.render_chat(request, plan)
+        params = self._sampling(request, request.logprobs, guide)
         try:
             # The template already holds the special tokens (BOS) the model expects.
-            return self.generator.prepare(
+            prepared = self.generator.prepare(
                 prompt, params, new_request_id(), add_special_tokens=False,
                 max_tokens_cap=CHAT_MAX_TOKENS_CAP, api="openai_chat", lora=self._lora(request),
             )  # fmt: skip
         except RequestError as error:
-            raise OpenAIError.from_request_error(error) from None
+            raise OpenAIError.from_request_error(error, guide_param) from None
+        await self._checked(prepared, guide_param)
+        return prepared, plan
 
     # -- running -----------------------------------------------------------------------------
-    def _token_strings(self, token_ids: list[int]) -> list[str]:
-        return [self.generator.tokenizer.decode([t]) for t in token_ids]
-
-    def _usage(self, prepared: PreparedRequest, completion_tokens: int) -> Usage:
-        prompt = len(prepared.prompt_ids)
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt + completion_tokens,
-        )
-
-    def _sequence_tokens(self, sequence: SequenceResult) -> list[str]:
-        """The token strings behind a gathered sequence's log probs."""
-        return self._token_strings(sequence.log_prob_token_ids or [])
-
     async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
         want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
@@ -221,7 +245,7 @@ class OpenAIServing:
                 CompletionChoice(
                     index=sequence.index,
                     text=sequence.text,
-                    finish_reason=_finish(sequence.finish_reason),
+                    finish_reason=finish_reason(sequence.finish_reason),
                     logprobs=self._completion_log_probs(
                         self._sequence_tokens(sequence), sequence.log_probs
                     )
@@ -233,134 +257,39 @@ class OpenAIServing:
             usage=self._usage(prepared, result.completion_tokens),
         )
 
-    async def chat(self, prepared: PreparedRequest) -> ChatCompletionResponse:
+    async def chat(
+        self, prepared: PreparedRequest, plan: ToolPlan | None = None
+    ) -> ChatCompletionResponse:
         want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
-            choices=[
-                ChatChoice(
-                    index=sequence.index,
-                    message=AssistantMessage(content=sequence.text),
-                    finish_reason=_finish(sequence.finish_reason),
-                    logprobs=self._chat_log_probs(
-                        self._sequence_tokens(sequence), sequence.log_probs
-                    )
-                    if want
-                    else None,
-                )
-                for sequence in result.sequences
-            ],
+            choices=[self._chat_choice(sequence, want, plan) for sequence in result.sequences],
             usage=self._usage(prepared, result.completion_tokens),
         )
 
-    @staticmethod
-    def _completion_log_probs(tokens: list[str], log_probs: list[float] | None) -> dict[str, Any]:
-        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": None}
-
-    @staticmethod
-    def _chat_log_probs(tokens: list[str] | None, log_probs: list[float] | None) -> dict[str, Any]:
-        pairs = zip(tokens or [], log_probs or [], strict=False)
-        return {
-            "content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in pairs
-            ]
-        }
-
-    async def _events(self, prepared: PreparedRequest) -> AsyncIterator[_Event]:
-        """Chunks with text (or the finish reason), carrying the tokens behind that text.
-
-        Tokens whose text is still held back (a partial character) travel with the next text
-        of their sequence.
-        """
-        pending = [_Event.empty(i) for i in range(prepared.params.num_return_sequences)]
-        async with aclosing(self.generator.stream(prepared)) as chunks:
-            async for chunk in chunks:
-                event = pending[chunk.index]
-                event.token_ids += chunk.token_ids
-                event.log_probs += chunk.log_probs or []
-                event.token_count += chunk.token_count
-                if chunk.text or chunk.finish_reason is not None:
-                    event.text, event.finish_reason = chunk.text, _finish(chunk.finish_reason)
-                    yield event
-                    pending[chunk.index] = _Event.empty(chunk.index)
-
-    async def stream_completion(
-        self, prepared: PreparedRequest, include_usage: bool
-    ) -> AsyncIterator[str]:
-        events_out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
-        want = prepared.params.return_log_probs
-        completion_tokens = 0
-        async with aclosing(self._events(prepared)) as events:
-            async for event in events:
-                completion_tokens += event.token_count
-                logprobs = (
-                    self._completion_log_probs(
-                        self._token_strings(event.token_ids), event.log_probs
-                    )
-                    if want and event.token_ids
-                    else None
-                )
-                yield events_out.choice(
-                    event.index,
-                    f'"text":{_json(event.text)},"finish_reason":{_json(event.finish_reason)},'
-                    f'"logprobs":{_json(logprobs)}',
-                )
-        if include_usage:
-            yield events_out.usage(self._usage(prepared, completion_tokens))
-        yield SSE_DONE
-
-    async def stream_chat(
-        self, prepared: PreparedRequest, include_usage: bool
-    ) -> AsyncIterator[str]:
-        events_out = _ChunkEvents(
-            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
-        )
-        want = prepared.params.return_log_probs
-        completion_tokens = 0
-        role_sent: set[int] = set()
-        async with aclosing(self._events(prepared)) as events:
-            async for event in events:
-                if event.index not in role_sent:  # once Triton answered: failures get a status
-                    yield events_out.choice(
-                        event.index,
-                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
-                    )
-                    role_sent.add(event.index)
-                completion_tokens += event.token_count
-                logprobs = (
-                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
-                    if want and event.token_ids
-                    else None
-                )
-                yield events_out.choice(
-                    event.index,
-                    f'"delta":{{"content":{_json(event.text)}}},'
-                    f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}',
-                )
-        if include_usage:
-            yield events_out.usage(self._usage(prepared, completion_tokens))
-        yield SSE_DONE
-
-
-_json = json.dumps
-
-
-class _ChunkEvents:
-    """SSE chunk events assembled from a pre-rendered head: this runs once per token, where
-    building and dumping pydantic models would dominate the serving cost."""
-
-    def __init__(self, object_type: str, request_id: str, model: str) -> None:
-        created = int(time.time())
-        self._head = (
-            f'data: {{"id":{_json(request_id)},"object":{_json(object_type)},'
-            f'"created":{created},"model":{_json(model)},"choices":['
+    def _chat_choice(
+        self, sequence: SequenceResult, want_log_probs: bool, plan: ToolPlan | None
+    ) -> ChatChoice:
+        finish = finish_reason(sequence.finish_reason)
+        message = AssistantMessage(content=sequence.text)
+        if plan is not None and plan.parses_calls:
+            calls = extract_calls(plan, sequence.text)
+            message = AssistantMessage(content=calls.content, tool_calls=calls.tool_calls or None)
+            finish = call_finish_reason(finish, bool(calls.tool_calls))
+        return ChatChoice(
+            index=sequence.index,
+            message=message,
+            finish_reason=finish,
+            logprobs=self._chat_log_probs(self._sequence_tokens(sequence), sequence.log_probs)
+            if want_log_probs
+            else None,
         )
 
-    def choice(self, index: int, body: str) -> str:
-        return f'{self._head}{{"index":{index},{body}}}]}}\n\n'
 
-    def usage(self, usage: Usage) -> str:
-        return f'{self._head}],"usage":{usage.model_dump_json()}}}\n\n'
+def _constraint(request: CompletionRequest | ChatCompletionRequest) -> OutputConstraint | None:
+    try:
+        return output_constraint(request)
+    except FormatError as error:
+        raise OpenAIError(str(error), param=error.param) from None

@@ -200,6 +200,132 @@ OPENAI_CASES = [
     *_openai("malformed-json", b'{"model": "trtllm-demo", "prompt": ', "not valid json"),
     *_openai("non-utf8", b'{"model": "trtllm-demo", "prompt": "\xff\xfe"}', "not valid json"),
     *_openai("not-an-object", b"[1, 2]", "object"),
+    # Strict types at the API edge: no string for a boolean or a number.
+    *_openai("stream-as-string", {"stream": "yes"}, "stream"),
+    *_openai("max-tokens-as-string", {"max_tokens": "10"}, "max_tokens"),
+    *_openai("temperature-as-string", {"temperature": "0.5"}, "temperature"),
+    # Fields of OpenAI's request that cannot be honoured here.
+    *_openai("logit-bias", {"logit_bias": {"42": 10}}, "logit_bias"),
+    *_openai("legacy-functions", {"functions": [{"name": "f"}]}, "send tools", chat=True),
+    *_openai("legacy-function-call", {"function_call": "auto"}, "send tool_choice", chat=True),
+    *_openai("audio-modality", {"modalities": ["text", "audio"]}, "modalities", chat=True),
+    # response_format and guided_*.
+    *_openai("response-format-xml", {"response_format": {"type": "xml"}}, "response_format"),
+    *_openai(
+        "json-schema-missing", {"response_format": {"type": "json_schema"}}, "json_schema"
+    ),  # fmt: skip
+    *_openai(
+        "json-schema-not-a-schema",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            }
+        },
+        "not a valid json schema",
+    ),  # fmt: skip
+    *_openai(
+        "json-schema-not-an-object",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+        "schema",
+    ),  # fmt: skip
+    *_openai(
+        "json-schema-bad-name",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}},
+        "name",
+    ),  # fmt: skip
+    *_openai(
+        "two-constraints",
+        {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+        "one output constraint",
+    ),  # fmt: skip
+    *_openai("guided-json-not-json", {"guided_json": "{nope"}, "not valid json"),
+    *_openai("guided-regex-broken", {"guided_regex": "(["}, "regex"),
+    *_openai("guided-grammar-broken", {"guided_grammar": "root ::= "}, "grammar"),
+    # Tools.
+    *_openai(
+        "tool-type-unknown",
+        {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+        "tools",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-name-invalid",
+        {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+        "name",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-parameters-not-an-object",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+        "parameters",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-parameters-not-a-schema",
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
+            ],
+            "tool_choice": "required",
+        },
+        "not a valid json schema",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-choice-unknown-tool",
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "not among the tools",
+        chat=True,
+    ),  # fmt: skip
+    *_openai("tool-choice-without-tools", {"tool_choice": "required"}, "needs tools", chat=True),
+    *_openai(
+        "tool-choice-unknown-word",
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"},
+        "tool_choice",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-choice-and-response-format",
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        },
+        "cannot be combined",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-message-without-call-id",
+        {"messages": [{"role": "tool", "content": "14 degrees"}]},
+        "tool_call_id",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "tool-call-arguments-not-json",
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{city: Paris"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+            ]
+        },
+        "not valid json",
+        chat=True,
+    ),  # fmt: skip
     *_openai(
         "oversized-body",
         {"prompt": "x" * BIG, "messages": [{"role": "user", "content": "x" * BIG}]},

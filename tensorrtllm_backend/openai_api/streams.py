@@ -1,0 +1,238 @@
+"""Streamed OpenAI answers: SSE chunks of completions and chat completions (tool-call deltas
+included), and the helpers that streamed and whole answers share.
+
+Chunks are assembled from pre-rendered text: this runs once per token, where building and
+dumping pydantic models would dominate the serving cost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..generation import Generator, PreparedRequest
+from ..schemas import FinishReason, SequenceResult
+from .protocol import Usage
+from .tool_stream import ToolStream
+from .tools import ToolPlan
+
+_json = json.dumps
+
+
+def sse(payload: BaseModel | dict[str, Any] | str) -> str:
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump_json(exclude_none=True)
+    elif isinstance(payload, dict):
+        payload = json.dumps(payload)
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def finish_reason(reason: FinishReason | None) -> str | None:
+    return None if reason is None else ("length" if reason is FinishReason.LENGTH else "stop")
+
+
+def call_finish_reason(reason: str | None, calls: bool) -> str | None:
+    """A sequence that ended on its own after calling tools finishes with "tool_calls"."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+@dataclass(slots=True)
+class _Event:
+    index: int
+    text: str
+    finish_reason: str | None
+    token_ids: list[int]
+    log_probs: list[float]
+    token_count: int
+
+    @classmethod
+    def empty(cls, index: int) -> _Event:
+        """Nothing gathered yet for sequence `index`."""
+        return cls(index, "", None, [], [], 0)
+
+
+class StreamingServing:
+    """The streaming half of :class:`~.serving.OpenAIServing`."""
+
+    generator: Generator
+    model_name: str
+
+    def _token_strings(self, token_ids: list[int]) -> list[str]:
+        return [self.generator.tokenizer.decode([t]) for t in token_ids]
+
+    def _usage(self, prepared: PreparedRequest, completion_tokens: int) -> Usage:
+        prompt = len(prepared.prompt_ids)
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt + completion_tokens,
+        )
+
+    def _sequence_tokens(self, sequence: SequenceResult) -> list[str]:
+        """The token strings behind a gathered sequence's log probs."""
+        return self._token_strings(sequence.log_prob_token_ids or [])
+
+    @staticmethod
+    def _completion_log_probs(tokens: list[str], log_probs: list[float] | None) -> dict[str, Any]:
+        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": None}
+
+    @staticmethod
+    def _chat_log_probs(tokens: list[str] | None, log_probs: list[float] | None) -> dict[str, Any]:
+        pairs = zip(tokens or [], log_probs or [], strict=False)
+        return {
+            "content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in pairs
+            ]
+        }
+
+    async def _events(self, prepared: PreparedRequest) -> AsyncIterator[_Event]:
+        """Chunks with text (or the finish reason), carrying the tokens behind that text.
+
+        Tokens whose text is still held back (a partial character) travel with the next text
+        of their sequence.
+        """
+        pending = [_Event.empty(i) for i in range(prepared.params.num_return_sequences)]
+        async with aclosing(self.generator.stream(prepared)) as chunks:
+            async for chunk in chunks:
+                event = pending[chunk.index]
+                event.token_ids += chunk.token_ids
+                event.log_probs += chunk.log_probs or []
+                event.token_count += chunk.token_count
+                if chunk.text or chunk.finish_reason is not None:
+                    event.text, event.finish_reason = chunk.text, finish_reason(chunk.finish_reason)
+                    yield event
+                    pending[chunk.index] = _Event.empty(chunk.index)
+
+    async def stream_completion(
+        self, prepared: PreparedRequest, include_usage: bool
+    ) -> AsyncIterator[str]:
+        events_out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
+        want = prepared.params.return_log_probs
+        completion_tokens = 0
+        async with aclosing(self._events(prepared)) as events:
+            async for event in events:
+                completion_tokens += event.token_count
+                logprobs = (
+                    self._completion_log_probs(
+                        self._token_strings(event.token_ids), event.log_probs
+                    )
+                    if want and event.token_ids
+                    else None
+                )
+                yield events_out.choice(
+                    event.index,
+                    f'"text":{_json(event.text)},"finish_reason":{_json(event.finish_reason)},'
+                    f'"logprobs":{_json(logprobs)}',
+                )
+        if include_usage:
+            yield events_out.usage(self._usage(prepared, completion_tokens))
+        yield SSE_DONE
+
+    async def stream_chat(
+        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan | None = None
+    ) -> AsyncIterator[str]:
+        if plan is not None and plan.parses_calls:
+            async for event in self._stream_chat_calls(prepared, include_usage, plan):
+                yield event
+            return
+        events_out = _ChunkEvents(
+            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
+        )
+        want = prepared.params.return_log_probs
+        completion_tokens = 0
+        role_sent: set[int] = set()
+        async with aclosing(self._events(prepared)) as events:
+            async for event in events:
+                if event.index not in role_sent:  # once Triton answered: failures get a status
+                    yield events_out.choice(
+                        event.index,
+                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
+                    )
+                    role_sent.add(event.index)
+                completion_tokens += event.token_count
+                logprobs = (
+                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
+                    if want and event.token_ids
+                    else None
+                )
+                yield events_out.choice(
+                    event.index,
+                    f'"delta":{{"content":{_json(event.text)}}},'
+                    f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}',
+                )
+        if include_usage:
+            yield events_out.usage(self._usage(prepared, completion_tokens))
+        yield SSE_DONE
+
+    async def _stream_chat_calls(
+        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan
+    ) -> AsyncIterator[str]:
+        """stream_chat for answers that may call tools: each sequence's text goes through its
+        tool-call extractor, whose deltas are sent as they become certain."""
+        events_out = _ChunkEvents(
+            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
+        )
+        want = prepared.params.return_log_probs
+        completion_tokens = 0
+        streams: dict[int, ToolStream] = {}
+        async with aclosing(self._events(prepared)) as events:
+            async for event in events:
+                stream = streams.get(event.index)
+                if stream is None:
+                    stream = streams[event.index] = ToolStream(plan.parser())
+                    yield events_out.choice(
+                        event.index,
+                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
+                    )
+                completion_tokens += event.token_count
+                logprobs = (
+                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
+                    if want and event.token_ids
+                    else None
+                )
+                final = event.finish_reason is not None
+                deltas = stream.deltas(event.text, final)
+                if logprobs is not None and not deltas:
+                    deltas = ['{"content":""}']
+                for delta in deltas:
+                    yield events_out.choice(
+                        event.index,
+                        f'"delta":{delta},"finish_reason":null,"logprobs":{_json(logprobs)}',
+                    )
+                    logprobs = None
+                if final:
+                    finish = call_finish_reason(event.finish_reason, stream.calls > 0)
+                    yield events_out.choice(
+                        event.index, f'"delta":{{}},"finish_reason":{_json(finish)}'
+                    )
+        if include_usage:
+            yield events_out.usage(self._usage(prepared, completion_tokens))
+        yield SSE_DONE
+
+
+class _ChunkEvents:
+    """SSE chunk events assembled from a pre-rendered head: this runs once per token, where
+    building and dumping pydantic models would dominate the serving cost."""
+
+    def __init__(self, object_type: str, request_id: str, model: str) -> None:
+        created = int(time.time())
+        self._head = (
+            f'data: {{"id":{_json(request_id)},"object":{_json(object_type)},'
+            f'"created":{created},"model":{_json(model)},"choices":['
+        )
+
+    def choice(self, index: int, body: str) -> str:
+        return f'{self._head}{{"index":{index},{body}}}]}}\n\n'
+
+    def usage(self, usage: Usage) -> str:
+        return f'{self._head}],"usage":{usage.model_dump_json()}}}\n\n'

@@ -1,0 +1,402 @@
+"""Structured output and tool calling through the OpenAI API, driven by the official `openai`
+client against a real `bentoml serve` of the demo model: every guided answer is checked with
+jsonschema against the schema it was asked to follow, streamed and not; a tool call's arguments
+against the tool's parameters; a tool result in the history reaches the prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import bentoml
+import jsonschema
+import openai
+import pytest
+from conftest import pack  # tests/integration/conftest.py
+from transformers import AutoTokenizer
+
+if TYPE_CHECKING:
+    from conftest import BentoServer
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+MAX_TOKENS = 200  # room for every bounded schema below: a cut answer fails the test
+
+# Bounded schemas (enums, booleans, small integers, arrays with maxItems): the demo model's random
+# weights write any string for ever, so only bounded values end within the token budget.
+PALETTE = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"type": "string", "enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
+NESTED = {
+    "type": "object",
+    "properties": {
+        "user": {
+            "type": "object",
+            "properties": {
+                "admin": {"type": "boolean"},
+                "role": {"type": "string", "enum": ["reader", "writer"]},
+            },
+            "required": ["admin", "role"],
+            "additionalProperties": False,
+        },
+        "active": {"type": "boolean"},
+    },
+    "required": ["user", "active"],
+    "additionalProperties": False,
+}
+TAGS = {
+    "type": "object",
+    "properties": {
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["a", "b", "c"]},
+            "maxItems": 3,
+        },
+        "level": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["tags", "level"],
+    "additionalProperties": False,
+}
+SCHEMAS = {"palette": PALETTE, "nested": NESTED, "tags": TAGS}
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+                "celsius": {"type": "boolean"},
+            },
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time of a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER, CLOCK]
+PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def tools_model() -> str:
+    """The demo model with room for prompts that carry tool schemas (its small vocabulary spends
+    a token on every few characters of JSON)."""
+    return pack(
+        "--demo", "--name", "trtllm-demo-tools", "--max-input-len", "1024", "--max-seq-len", "1536"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tools_model: str, module_bento_launcher) -> BentoServer:
+    return module_bento_launcher(tools_model, wait=True)
+
+
+@pytest.fixture(scope="module")
+def client(server: BentoServer) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
+    )
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def assert_valid(text: str | None, schema: dict[str, Any]) -> Any:
+    assert text is not None
+    value = json.loads(text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+# --- response_format ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_json_schema_answers_validate(client: openai.OpenAI, model: str, name: str) -> None:
+    for seed in range(3):
+        result = client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, seed=seed,
+            response_format=json_schema_format(name, SCHEMAS[name]),
+        )  # fmt: skip
+        choice = result.choices[0]
+        assert choice.finish_reason == "stop", choice
+        assert_valid(choice.message.content, SCHEMAS[name])
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_streamed_json_schema_answers_validate(client: openai.OpenAI, model: str, name) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, seed=7, stream=True,
+            response_format=json_schema_format(name, SCHEMAS[name]),
+        )
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert_valid(text, SCHEMAS[name])
+    whole = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, seed=7,
+        response_format=json_schema_format(name, SCHEMAS[name]),
+    )  # fmt: skip
+    assert whole.choices[0].message.content == text
+
+
+def test_completions_take_a_response_format(client: openai.OpenAI, model: str) -> None:
+    result = client.completions.create(
+        model=model, prompt="The palette:", max_tokens=MAX_TOKENS,
+        extra_body={"response_format": json_schema_format("palette", PALETTE)},
+    )  # fmt: skip
+    assert_valid(result.choices[0].text, PALETTE)
+
+
+async def test_concurrent_requests_with_different_schemas(server: BentoServer, model) -> None:
+    """16 requests at once, each with its own schema (the enum differs), in one engine batch."""
+    client = openai.AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
+    )
+    schemas = []
+    for number in range(16):
+        schema = json.loads(json.dumps(PALETTE))
+        schema["properties"]["color"]["enum"] = [f"c{number}x", f"c{number}y"]
+        schemas.append(schema)
+
+    async def ask(number: int, schema: dict[str, Any]) -> str | None:
+        result = await client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, seed=number,
+            response_format=json_schema_format(f"s{number}", schema),
+            stream=number % 2 == 1,
+        )  # fmt: skip
+        if number % 2 == 0:
+            return result.choices[0].message.content
+        return "".join([c.choices[0].delta.content or "" async for c in result if c.choices])
+
+    async with client:
+        texts = await asyncio.gather(*(ask(n, s) for n, s in enumerate(schemas)))
+    for number, (text, schema) in enumerate(zip(texts, schemas, strict=True)):
+        assert assert_valid(text, schema)["color"].startswith(f"c{number}")
+
+
+def test_json_object_answers_parse(client: openai.OpenAI, model: str) -> None:
+    for seed in range(3):
+        result = client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, seed=seed,
+            response_format={"type": "json_object"},
+        )  # fmt: skip
+        assert isinstance(json.loads(result.choices[0].message.content or ""), dict)
+
+
+def test_guided_choice_and_regex(client: openai.OpenAI, model: str) -> None:
+    choices = ["yes", "no", "it depends"]
+    for seed in range(3):
+        result = client.completions.create(
+            model=model, prompt="Well?", max_tokens=20, seed=seed,
+            extra_body={"guided_choice": choices},
+        )  # fmt: skip
+        assert result.choices[0].text in choices
+    result = client.completions.create(
+        model=model, prompt="A date:", max_tokens=20, extra_body={"guided_regex": r"20[0-9]{2}-0[1-9]"}
+    )  # fmt: skip
+    assert re.fullmatch(r"20[0-9]{2}-0[1-9]", result.choices[0].text)
+
+
+# --- tools ---------------------------------------------------------------------------------------
+
+
+def assert_valid_call(call: Any, allowed: set[str]) -> dict[str, Any]:
+    assert call.type == "function" and re.fullmatch(r"call_[0-9a-f]+", call.id)
+    assert call.function.name in allowed
+    return assert_valid(call.function.arguments, PARAMETERS[call.function.name])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_tool_choice_required_returns_a_valid_call(client: openai.OpenAI, model: str, seed) -> None:
+    result = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=False, max_tokens=MAX_TOKENS, seed=seed,
+    )  # fmt: skip
+    choice = result.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert_valid_call(call, {"get_weather", "get_time"})
+
+
+def test_named_tool_choice_calls_that_tool(client: openai.OpenAI, model: str) -> None:
+    for seed in range(3):
+        result = client.chat.completions.create(
+            model=model, messages=MESSAGES, tools=TOOLS, max_tokens=MAX_TOKENS, seed=seed,
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+        )  # fmt: skip
+        (call,) = result.choices[0].message.tool_calls
+        assert_valid_call(call, {"get_time"})
+        assert result.choices[0].finish_reason == "tool_calls"
+
+
+def test_every_choice_gets_its_call(client: openai.OpenAI, model: str) -> None:
+    result = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required", n=3, seed=5,
+        parallel_tool_calls=False, max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+    assert [choice.index for choice in result.choices] == [0, 1, 2]
+    for choice in result.choices:
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert_valid_call(call, {"get_weather", "get_time"})
+    assert len({c.message.tool_calls[0].id for c in result.choices}) == 3
+
+
+def streamed_calls(chunks: list[Any]) -> tuple[str, list[tuple[str, str, str]], str | None]:
+    """(content, [(id, name, arguments)], finish reason) put together from streamed deltas."""
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.id is not None:
+                assert delta.index not in calls and delta.function.arguments == ""
+                calls[delta.index] = [delta.id, delta.function.name, ""]
+            else:
+                assert delta.function.name is None
+                calls[delta.index][2] += delta.function.arguments
+        finish = choice.finish_reason or finish
+    return content, [tuple(call) for call in calls.values()], finish
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)
+def test_streamed_tool_calls(client: openai.OpenAI, model: str, choice: Any) -> None:
+    fields = dict(
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice=choice, seed=11,
+        parallel_tool_calls=False, max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+    content, calls, finish = streamed_calls(
+        list(client.chat.completions.create(**fields, stream=True))
+    )
+    assert finish == "tool_calls" and content == ""
+    ((call_id, name, arguments),) = calls
+    assert call_id.startswith("call_")
+    assert_valid(arguments, PARAMETERS[name])
+    (whole,) = client.chat.completions.create(**fields).choices[0].message.tool_calls
+    assert (whole.function.name, whole.function.arguments) == (name, arguments)
+
+
+def test_a_tool_result_in_the_history_is_answered(
+    client: openai.OpenAI, model: str, tools_model: str
+) -> None:
+    first = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, max_tokens=MAX_TOKENS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *MESSAGES,
+        first.choices[0].message.model_dump(),  # as the client parsed it, nulls and all
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 14}'},
+    ]
+    second = client.chat.completions.create(
+        model=model, messages=history, tools=TOOLS, max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    answer = second.choices[0]
+    assert answer.message.content and answer.finish_reason == "length"
+    # The prompt is the tokenizer's own rendering of the history with the call and its result.
+    tokenizer = AutoTokenizer.from_pretrained(
+        Path(bentoml.models.get(tools_model).path) / "tokenizer"
+    )
+    rendered_history = [
+        *MESSAGES,
+        {"role": "assistant", "content": "", "tool_calls": [{"id": call.id, "type": "function",
+         "function": {"name": call.function.name,
+                      "arguments": json.loads(call.function.arguments)}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 14}'},
+    ]  # fmt: skip
+    prompt = tokenizer.apply_chat_template(
+        rendered_history, tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    assert '{"temperature": 14}' in prompt and call.function.arguments.split(":")[0] in prompt
+    assert second.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def test_auto_tool_choice_answers_in_text_when_no_call_is_made(
+    client: openai.OpenAI, model: str
+) -> None:
+    """The demo model's random text holds no <tool_call>: the answer is content, and the tools
+    reached the prompt (the template renders them)."""
+    plain = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, seed=1)
+    result = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, max_tokens=8, seed=1
+    )
+    choice = result.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert result.usage.prompt_tokens > plain.usage.prompt_tokens + 50
+
+
+def test_streamed_auto_answer_equals_the_whole_one(client: openai.OpenAI, model: str) -> None:
+    fields = dict(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0,
+                  extra_body={"ignore_eos": True})  # fmt: skip
+    whole = client.chat.completions.create(**fields).choices[0]
+    content, calls, finish = streamed_calls(
+        list(client.chat.completions.create(**fields, stream=True))
+    )
+    assert (content, calls, finish) == (whole.message.content, [], whole.finish_reason)
+
+
+def test_default_temperature_samples(client: openai.OpenAI, model: str) -> None:
+    """Without temperature the OpenAI API samples (temperature 1), as OpenAI does."""
+    texts = {
+        client.completions.create(
+            model=model, prompt="Once upon a time", max_tokens=12, seed=seed,
+            extra_body={"ignore_eos": True},
+        ).choices[0].text
+        for seed in range(4)
+    }  # fmt: skip
+    assert len(texts) > 1
+
+
+def test_unknown_fields_are_logged_once(
+    client: openai.OpenAI, model: str, server: BentoServer
+) -> None:
+    client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=2, extra_body={"frobnicate_level": 3}
+    )
+    lines = [line for line in server.log().splitlines() if "frobnicate_level" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0] and "unknown field" in lines[0]
