@@ -227,3 +227,43 @@ def test_llmapi_workflow_needs_a_checkpoint(tmp_path, name, unchanged_store, cap
 def test_missing_checkpoint_dir(tmp_path, name, unchanged_store, capsys) -> None:
     assert llmapi("--checkpoint", tmp_path / "nope", "--name", name) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypatch) -> None:
+    """What the service derives from the stored workflow: the llmapi route, limits from the
+    manifest, one tritonserver with auto-complete on (the LLM API starts its tp x pp ranks
+    itself), and one GPU per rank asked of BentoML."""
+    from tensorrtllm_backend.deployment import resources
+    from tensorrtllm_backend.generation import Route
+    from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
+    from tensorrtllm_backend.server import (
+        TritonInstallation,
+        TritonPorts,
+        TritonServerConfig,
+        build_command,
+    )
+
+    assert llmapi("--checkpoint", checkpoint, "--name", name, "--tp", 2, "--pp", 2) == 0, (
+        capsys.readouterr().err
+    )
+    model = bentoml.models.get(f"{name}:latest")
+    try:
+        monkeypatch.delenv("TRTLLM_GPU_TYPE", raising=False)
+        assert resources(str(model.tag)) == {"gpu": 4}
+        runtime = LLMRuntime(Path(model.path))
+        assert runtime.route is Route.LLMAPI and runtime.launch_ranks == 1
+        assert (runtime.limits.max_input_len, runtime.limits.max_seq_len) == (4095, 4096)
+        assert runtime._models_to_load() == ("tensorrt_llm",)
+        config = TritonServerConfig(
+            model_repository=Path(model.path), world_size=1, auto_complete_config=True
+        )
+        argv = build_command(
+            TritonInstallation(Path("/opt/tritonserver/bin/tritonserver")),
+            config,
+            TritonPorts(1, 2, 3),
+        )
+        assert "--disable-auto-complete-config" not in argv and "mpirun" not in argv
+        with pytest.raises(ValueError, match="does not fit a model packed with the llmapi"):
+            LLMRuntime(Path(model.path), RuntimeSettings(route=Route.DIRECT))
+    finally:
+        bentoml.models.delete(str(model.tag))
