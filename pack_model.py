@@ -274,6 +274,23 @@ def _check_workflow(args: argparse.Namespace) -> None:
         raise PackError("--checkpoint is the llmapi workflow's: add --workflow llmapi")
 
 
+def _check_llmapi_image(args: argparse.Namespace) -> None:
+    """The LLM API's PyTorch workflow exists from TensorRT-LLM 1.0 (NGC 25.09 and later)."""
+    if args.demo:
+        return  # the demo is served by the CPU stand-in
+    image = args.target_image or _default_image()
+    version = runtime_version_for_image(image) if image else None
+    if version is None or int(version.split(".")[0]) >= 1:
+        return
+    message = (
+        f"{image} ships TensorRT-LLM {version}; the llmapi workflow needs >= 1.0 "
+        "(e.g. nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3)"
+    )
+    if args.target_image is not None:
+        raise PackError(message)
+    _warn(f"{message} (checked against the default image; set docker.base_image)")
+
+
 def run_llmapi(args: argparse.Namespace) -> str | None:
     """--workflow llmapi: validate the checkpoint, then store it with the llmapi repository."""
     from tensorrtllm_backend.llmapi_packing import describe_llmapi, plan_llmapi
@@ -284,6 +301,7 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
         llm_args = parse_llm_args(args.llm_arg)
     except TemplateError as error:
         raise PackError(str(error)) from error
+    _check_llmapi_image(args)
     with staging_dir("pack-model-") as scratch:
         if args.demo:
             from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint

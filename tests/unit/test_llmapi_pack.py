@@ -191,7 +191,7 @@ def test_bad_checkpoint_is_a_clear_error_and_stores_nothing(
     damage(checkpoint)
     assert llmapi("--checkpoint", checkpoint, "--name", name) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pack_model: error: ")
+    assert "pack_model: error: " in err
     assert pytest.importorskip("re").search(message, err), err
 
 
@@ -267,3 +267,12 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
             LLMRuntime(Path(model.path), RuntimeSettings(route=Route.DIRECT))
     finally:
         bentoml.models.delete(str(model.tag))
+
+
+def test_target_image_must_ship_trtllm_1(checkpoint, name, unchanged_store, capsys) -> None:
+    image = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
+    assert llmapi("--checkpoint", checkpoint, "--name", name, "--target-image", image) == 2
+    assert "ships TensorRT-LLM 0.20.0; the llmapi workflow needs >= 1.0" in capsys.readouterr().err
+    image = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
+    args = ("--checkpoint", checkpoint, "--name", name, "--target-image", image, "--dry-run")
+    assert llmapi(*args) == 0
