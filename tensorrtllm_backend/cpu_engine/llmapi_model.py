@@ -142,6 +142,7 @@ class TextSink:
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringMatcher(options["stop"])
         self._text = options["prefix"]
+        self._generated = ""  # all generated text, also past a stop string (for stop_reason)
         self._options = options
         self._stop_reason: str | None = None
         self._closed = False
@@ -169,6 +170,7 @@ class TextSink:
 
     def _add(self, text: str) -> bool:
         """Append generated text up to a stop string; True once one was reached."""
+        self._generated += text
         emit, stopped = self._stops.feed(text) if self._stops.active else (text, False)
         self._text += emit
         return stopped
@@ -221,8 +223,10 @@ class TextSink:
         return self._out.is_cancelled()
 
     def _matched_stop(self) -> str | None:
-        stops = self._options["stop"]
-        return stops[0] if len(stops) == 1 else None
+        """The stop string that ended the text: the one found first (the longer at a tie)."""
+        found = [(self._generated.find(s), -len(s), s) for s in self._options["stop"] if s]
+        found = [item for item in found if item[0] >= 0]
+        return min(found)[2] if found else None
 
 
 def _string(name: str, value: str) -> Any:

@@ -87,7 +87,8 @@ async def _call(url: str, streaming: bool, **extra: np.ndarray) -> list[dict[str
             responses.append(
                 {
                     name: result.as_numpy(name).reshape(-1)[0].decode()
-                    for name in ("text_output", "finish_reason")
+                    for name in ("text_output", "finish_reason", "stop_reason")
+                    if result.as_numpy(name) is not None
                 }
             )
             if responses[-1]["finish_reason"] != "None":
@@ -129,11 +130,14 @@ def test_stop_string_ends_the_request(triton: str) -> None:
         _call(
             triton,
             streaming=True,
-            sampling_param_stop=np.array([stop.encode()], dtype=np.object_),
+            sampling_param_stop=np.array([b"never in the text", stop.encode()], np.object_),
+            return_stop_reason=np.array([True]),
         )
     )
     assert result[-1]["finish_reason"] == "stop"
+    assert result[-1]["stop_reason"] == stop
     assert result[-1]["text_output"] == full[: full.index(stop)]
+    assert all(r["stop_reason"] == "None" for r in result[:-1])
 
 
 def test_seed_makes_sampling_repeatable(triton: str) -> None:
