@@ -121,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
         "model.lora_config.npy); repeatable. Requests select it by name.",
     )
 
-    cpu = parser.add_argument_group("CPU engine (--hf-model, --demo, --synthetic)")
+    cpu = parser.add_argument_group(
+        "CPU engine (--hf-model, --demo, --synthetic); the limits also for --workflow llmapi"
+    )
     cpu.add_argument("--ttft-ms", type=float, default=0.0, help="synthetic: first-token delay")
     cpu.add_argument("--itl-ms", type=float, default=0.0, help="synthetic: inter-token latency")
     cpu.add_argument("--max-batch-size", type=int, help="default: 64 (llmapi: LLM API's)")
@@ -272,6 +274,11 @@ def _check_workflow(args: argparse.Namespace) -> None:
             )
     elif args.checkpoint is not None:
         raise PackError("--checkpoint is the llmapi workflow's: add --workflow llmapi")
+    elif args.llm_arg or args.tp != 1 or args.pp != 1 or args.gpus is not None:
+        raise PackError(
+            "--tp, --pp, --gpus and --llm-arg belong to --workflow llmapi; engines carry their "
+            "parallelism from trtllm-build"
+        )
 
 
 def _check_llmapi_image(args: argparse.Namespace) -> None:

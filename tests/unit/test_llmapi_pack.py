@@ -219,6 +219,11 @@ def test_checkpoint_needs_the_llmapi_workflow(checkpoint, name, unchanged_store,
     assert "add --workflow llmapi" in capsys.readouterr().err
 
 
+def test_llmapi_options_are_refused_by_the_engine_workflow(name, unchanged_store, capsys) -> None:
+    assert run_pack("--synthetic", "--name", name, "--llm-arg", "a=1") == 2
+    assert "belong to --workflow llmapi" in capsys.readouterr().err
+
+
 def test_llmapi_workflow_needs_a_checkpoint(tmp_path, name, unchanged_store, capsys) -> None:
     assert run_pack("--workflow", "llmapi", "--synthetic", "--name", name) == 2
     assert "packs --checkpoint DIR (or --demo)" in capsys.readouterr().err
