@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""Pack TensorRT-LLM engines (or a CPU stand-in) + tokenizer + a filled Triton model repository
-into the BentoML model store.
+"""Pack TensorRT-LLM engines or a Hugging Face checkpoint (or a CPU stand-in) + tokenizer + a
+filled Triton model repository into the BentoML model store.
+
+Two workflows (--workflow, default engine):
+  engine  trtllm-build engines, served by the `tensorrtllm` C++ backend (inflight_batcher_llm)
+  llmapi  a Hugging Face checkpoint, served by TensorRT-LLM's LLM API (PyTorch backend, >= 1.0)
+          through NVIDIA's `llmapi` python model; no engine build
 
 Examples:
   python pack_model.py --engine-dir ./engines/llama3-8b --tokenizer-dir ./Meta-Llama-3-8B-Instruct
+  python pack_model.py --workflow llmapi --checkpoint ./Meta-Llama-3-8B-Instruct --tp 2
   python pack_model.py --demo                       # tiny local Llama on the CPU engine
+  python pack_model.py --demo --workflow llmapi     # the same checkpoint, llmapi model on CPU
   python pack_model.py --hf-model ./my-checkpoint   # any local HF causal LM on the CPU engine
   python pack_model.py --synthetic --itl-ms 20      # deterministic tokens, for load tests
 """
@@ -28,6 +35,8 @@ from tensorrtllm_backend.engine import (
 from tensorrtllm_backend.packing import PackError, PackPlan, plan, staging_dir, store
 
 DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
+LLMAPI_DEMO_NAME = "trtllm-llmapi-demo"
+CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
 
 
 def _parse_pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -70,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--hf-model", type=Path, help="local Hugging Face checkpoint for the CPU engine"
     )
+    source.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="llmapi workflow: Hugging Face checkpoint (config.json, *.safetensors, tokenizer)",
+    )
     source.add_argument("--demo", action="store_true", help="generate and pack the tiny demo model")
     source.add_argument("--synthetic", action="store_true", help="synthetic CPU engine (no torch)")
 
@@ -80,10 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag", help="model version (default: generated)")
     parser.add_argument("--dry-run", action="store_true", help="validate and show, store nothing")
     parser.add_argument(
+        "--workflow",
+        choices=["engine", "llmapi"],
+        default="engine",
+        help="engine: trtllm-build engines (or the CPU engine); llmapi: a checkpoint served by "
+        "the LLM API (default: engine)",
+    )
+    parser.add_argument(
         "--route",
         choices=["direct", "ensemble", "bls"],
-        default="direct",
-        help="default way through Triton for the service (default: direct)",
+        help="engine workflow: default way through Triton for the service (default: direct)",
     )
     parser.add_argument(
         "--target-image",
@@ -101,12 +121,31 @@ def build_parser() -> argparse.ArgumentParser:
         "model.lora_config.npy); repeatable. Requests select it by name.",
     )
 
-    cpu = parser.add_argument_group("CPU engine (--hf-model, --demo, --synthetic)")
+    cpu = parser.add_argument_group(
+        "CPU engine (--hf-model, --demo, --synthetic); the limits also for --workflow llmapi"
+    )
     cpu.add_argument("--ttft-ms", type=float, default=0.0, help="synthetic: first-token delay")
     cpu.add_argument("--itl-ms", type=float, default=0.0, help="synthetic: inter-token latency")
-    cpu.add_argument("--max-batch-size", type=int, default=64)
-    cpu.add_argument("--max-input-len", type=int, default=1024)
-    cpu.add_argument("--max-seq-len", type=int, default=2048)
+    cpu.add_argument("--max-batch-size", type=int, help="default: 64 (llmapi: LLM API's)")
+    cpu.add_argument("--max-input-len", type=int, help="default: 1024 (llmapi: max-seq-len - 1)")
+    cpu.add_argument(
+        "--max-seq-len", type=int, help="default: 2048 (llmapi: max_position_embeddings)"
+    )
+
+    llmapi = parser.add_argument_group("LLM API workflow (--workflow llmapi)")
+    llmapi.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (default: 1)")
+    llmapi.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size (default: 1)")
+    llmapi.add_argument("--gpus", type=int, help="GPUs of the target: tp x pp must fit them")
+    llmapi.add_argument("--backend", choices=["pytorch"], default="pytorch", help="LLM backend")
+    llmapi.add_argument(
+        "--llm-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other LLM API argument for model.yaml, VALUE in YAML, dotted KEY nests; "
+        "repeatable, e.g. --llm-arg kv_cache_config.free_gpu_memory_fraction=0.8 "
+        "--llm-arg enable_chunked_prefill=true --llm-arg cuda_graph_config.max_batch_size=64",
+    )
 
     fill = parser.add_argument_group("Triton template options (NVIDIA placeholder names)")
     fill.add_argument("--triton-max-batch-size", type=int, help="default: engine max_batch_size")
@@ -167,11 +206,10 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
     from tensorrtllm_backend.tokenization import load_tokenizer
 
     limits = {
-        "max_batch_size": args.max_batch_size,
-        "max_input_len": args.max_input_len,
-        "max_seq_len": args.max_seq_len,
+        key: getattr(args, key) if getattr(args, key) is not None else default
+        for key, default in CPU_LIMITS.items()
     }
-    if args.max_seq_len <= args.max_input_len:
+    if limits["max_seq_len"] <= limits["max_input_len"]:
         raise PackError("--max-seq-len must be larger than --max-input-len")
     if args.demo:
         from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
@@ -234,7 +272,79 @@ def describe(pack: PackPlan) -> str:
     return "\n".join(lines)
 
 
+def _check_workflow(args: argparse.Namespace) -> None:
+    if args.workflow == "llmapi":
+        if args.checkpoint is None and not args.demo:
+            raise PackError("--workflow llmapi packs --checkpoint DIR (or --demo)")
+        if args.route is not None or args.fill or args.lora:
+            raise PackError(
+                "--route, --fill and --lora belong to the engine workflow; the llmapi workflow "
+                "takes LLM API arguments with --llm-arg KEY=VALUE"
+            )
+    elif args.checkpoint is not None:
+        raise PackError("--checkpoint is the llmapi workflow's: add --workflow llmapi")
+    elif args.llm_arg or args.tp != 1 or args.pp != 1 or args.gpus is not None:
+        raise PackError(
+            "--tp, --pp, --gpus and --llm-arg belong to --workflow llmapi; engines carry their "
+            "parallelism from trtllm-build"
+        )
+
+
+def _check_llmapi_image(args: argparse.Namespace) -> None:
+    """The LLM API's PyTorch workflow exists from TensorRT-LLM 1.0 (NGC 25.09 and later)."""
+    if args.demo:
+        return  # the demo is served by the CPU stand-in
+    image = args.target_image or _default_image()
+    version = runtime_version_for_image(image) if image else None
+    if version is None or int(version.split(".")[0]) >= 1:
+        return
+    message = (
+        f"{image} ships TensorRT-LLM {version}; the llmapi workflow needs >= 1.0 "
+        "(e.g. nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3)"
+    )
+    if args.target_image is not None:
+        raise PackError(message)
+    _warn(f"{message} (checked against the default image; set docker.base_image)")
+
+
+def run_llmapi(args: argparse.Namespace) -> str | None:
+    """--workflow llmapi: validate the checkpoint, then store it with the llmapi repository."""
+    from tensorrtllm_backend.llmapi_packing import describe_llmapi, plan_llmapi
+    from tensorrtllm_backend.llmapi_repository import parse_llm_args
+    from tensorrtllm_backend.repository import TemplateError
+
+    try:
+        llm_args = parse_llm_args(args.llm_arg)
+    except TemplateError as error:
+        raise PackError(str(error)) from error
+    _check_llmapi_image(args)
+    with staging_dir("pack-model-") as scratch:
+        if args.demo:
+            from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
+
+            checkpoint, source = build_demo_checkpoint(scratch / "demo-checkpoint"), "demo"
+        else:
+            checkpoint, source = args.checkpoint, "checkpoint"
+        name = args.name or (LLMAPI_DEMO_NAME if args.demo else _default_name(checkpoint, args))
+        pack = plan_llmapi(
+            name=name, checkpoint_dir=checkpoint, tokenizer_dir=args.tokenizer_dir,
+            source=source, tp_size=args.tp, pp_size=args.pp, gpus=args.gpus,
+            backend=args.backend, max_batch_size=args.max_batch_size,
+            max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, llm_args=llm_args,
+        )  # fmt: skip
+        print(describe_llmapi(pack))
+        if args.dry_run:
+            print("dry run: nothing stored")
+            return None
+        tag = store(pack, version=args.tag, show_progress=not args.no_progress)
+    print(f"stored: {tag}")
+    return tag
+
+
 def run(args: argparse.Namespace) -> str | None:
+    _check_workflow(args)
+    if args.workflow == "llmapi":
+        return run_llmapi(args)
     options = _options(args)
     explicit_image = args.target_image is not None
     image = args.target_image if explicit_image else _default_image()
@@ -252,7 +362,7 @@ def run(args: argparse.Namespace) -> str | None:
         pack = plan(
             name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,
             option_overrides=options, runtime_version=runtime if explicit_image else None,
-            route=args.route,
+            route=args.route or "direct",
             loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()},
         )  # fmt: skip
         if not explicit_image:
@@ -270,7 +380,7 @@ def run(args: argparse.Namespace) -> str | None:
 
 
 def _default_name(engine_dir: Path, args: argparse.Namespace) -> str:
-    base = (args.hf_model or engine_dir).resolve().name.lower()
+    base = (args.hf_model or engine_dir).resolve().name.lower()  # engine or checkpoint dir
     cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in base).strip("-._")
     return f"trtllm-{cleaned or 'model'}"
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
+from . import llmapi_route
 from .client import DRAIN_RESPONSES, TritonLLMClient, TritonModelError
 from .engine import EngineInfo
 from .guided import GuideCompiler, GuideError, check_guide_text
@@ -50,12 +51,14 @@ class Route(str, enum.Enum):
     DIRECT = "direct"  # service tokenizes; tensorrt_llm only
     ENSEMBLE = "ensemble"  # preprocessing → tensorrt_llm → postprocessing
     BLS = "bls"  # tensorrt_llm_bls python model
+    LLMAPI = "llmapi"  # NVIDIA's LLM-API tensorrt_llm python model (checkpoint workflow)
 
 
 ROUTE_MODELS = {
     Route.DIRECT: "tensorrt_llm",
     Route.ENSEMBLE: "ensemble",
     Route.BLS: "tensorrt_llm_bls",
+    Route.LLMAPI: "tensorrt_llm",
 }
 
 
@@ -145,6 +148,11 @@ class Generator:
         leaves after the prompt, up to the cap (OpenAI chat semantics).
         """
         limits = self.limits
+        if self.route is Route.LLMAPI:
+            try:
+                llmapi_route.check_request(params, lora)
+            except llmapi_route.LlmapiRequestError as error:
+                raise RequestError(str(error), param=error.param) from None
         adapter = self._adapter(lora)
         if params.beam_width > limits.max_beam_width:
             raise RequestError(
@@ -323,11 +331,13 @@ class Generator:
             await results.aclose()
 
     def _sequence(self, index: int, params: SamplingParams) -> _Sequence:
-        decoder = (
-            _DirectDecoder(self.tokenizer, params.return_log_probs)
-            if self.route is Route.DIRECT
-            else _TextDecoder(self.tokenizer, params.return_log_probs)
-        )
+        decoder: _Decoder
+        if self.route is Route.DIRECT:
+            decoder = _DirectDecoder(self.tokenizer, params.return_log_probs)
+        elif self.route is Route.LLMAPI:
+            decoder = llmapi_route.LlmapiDecoder(self.tokenizer)
+        else:
+            decoder = _TextDecoder(self.tokenizer, params.return_log_probs)
         return _Sequence(index, decoder, StopStringMatcher(params.stop))
 
     def _results(self, request: PreparedRequest) -> AsyncGenerator[InferResult, None]:
@@ -373,6 +383,8 @@ class Generator:
             lora = LoraTensors(request.lora.task_id, weights, config)
         if self.route is Route.DIRECT:
             return direct_tensors(params, self._token_ids(request), lora), direct_outputs(params)
+        if self.route is Route.LLMAPI:
+            return llmapi_route.tensors(request.prompt, params), llmapi_route.OUTPUTS
         # The ensemble hands stop words to the engine only, so it gets the variants too; the BLS
         # also cuts its text at them, which must happen at the stop strings as sent.
         stop_words = engine_stop_words(params.stop) if self.route is Route.ENSEMBLE else None
@@ -428,9 +440,7 @@ class _Sequence:
 
     __slots__ = ("index", "decode", "stops", "generated", "finish_reason")
 
-    def __init__(
-        self, index: int, decode: _DirectDecoder | _TextDecoder, stops: StopStringMatcher
-    ) -> None:
+    def __init__(self, index: int, decode: _Decoder, stops: StopStringMatcher) -> None:
         self.index = index
         self.decode = decode
         self.stops = stops
@@ -450,9 +460,17 @@ class _Sequence:
             tail, stopped = self.stops.feed(self.decode.flush())
             if not stopped:
                 tail += self.stops.flush()
-        if not self.stopped and self.generated >= max_tokens:
+        count = 0
+        if isinstance(self.decode, llmapi_route.LlmapiDecoder):
+            # The model says why it ended, and returns no token ids: the tokenizer counts them.
+            count = self.decode.settle(max_tokens)
+            if not self.stopped and self.decode.finish_reason is not None:
+                self.finish_reason = self.decode.finish_reason
+        elif not self.stopped and self.generated >= max_tokens:
             self.finish_reason = FinishReason.LENGTH
-        return GenerationChunk(tail, finish_reason=self.finish_reason, index=self.index)
+        return GenerationChunk(
+            tail, token_count=count, finish_reason=self.finish_reason, index=self.index
+        )
 
 
 class _DirectDecoder:
@@ -494,3 +512,6 @@ class _TextDecoder:
 
     def flush(self) -> str:
         return ""
+
+
+_Decoder = _DirectDecoder | _TextDecoder | llmapi_route.LlmapiDecoder

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -97,6 +97,9 @@ class PackPlan:
             **{f"engine_{k}": v for k, v in self.engine.metadata().items()},
         }
 
+    def write_tree(self, root: Path, show_progress: bool = True) -> None:
+        write_model_tree(self, root, show_progress)
+
     def manifest(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
@@ -170,7 +173,7 @@ def plan(
     loras: Mapping[str, Path] | None = None,
 ) -> PackPlan:
     """Validate the inputs and decide what to store (raises PackError, writes nothing)."""
-    _check_tag(name)
+    check_tag(name)
     try:
         engine = inspect_engine(engine_dir)
         check_runtime_compatibility(engine, runtime_version)
@@ -197,7 +200,7 @@ def plan(
     )
 
 
-def _check_tag(name: str, version: str | None = None) -> None:
+def check_tag(name: str, version: str | None = None) -> None:
     from bentoml._internal.tag import Tag
 
     try:
@@ -240,6 +243,11 @@ def _link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
         progress.update(src.stat().st_size)
 
 
+def link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
+    """Hard-link src to dst when on one filesystem, else copy it (with progress)."""
+    _link_or_copy(src, dst, progress)
+
+
 def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
     """Write engines, tokenizer, the filled repository and the manifest under root."""
     files = pack.files()
@@ -256,7 +264,18 @@ def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> 
     (root / MANIFEST).write_text(json.dumps(pack.manifest(), indent=2) + "\n")
 
 
-def store(pack: PackPlan, version: str | None = None, show_progress: bool = True) -> str:
+class StorablePlan(Protocol):
+    """What store() needs of a plan (engines: PackPlan; checkpoints: llmapi_packing.LlmapiPlan)."""
+
+    name: str
+    labels: dict[str, str]
+
+    def metadata(self) -> dict[str, Any]: ...
+
+    def write_tree(self, root: Path, show_progress: bool = True) -> None: ...
+
+
+def store(pack: StorablePlan, version: str | None = None, show_progress: bool = True) -> str:
     """Store the plan in the BentoML model store; returns the tag. All or nothing.
 
     ``bentoml.models.create`` stages a model in a temp dir and then *copies* it into the store,
@@ -270,7 +289,7 @@ def store(pack: PackPlan, version: str | None = None, show_progress: bool = True
     from bentoml._internal.models.model import Model, ModelContext
     from bentoml._internal.tag import Tag
 
-    _check_tag(pack.name, version)
+    check_tag(pack.name, version)
     tag = Tag(pack.name, version) if version else Tag(pack.name).make_new_version()
     try:
         bentoml.models.get(str(tag))
@@ -294,7 +313,7 @@ def store(pack: PackPlan, version: str | None = None, show_progress: bool = True
             root = Path(target)
             name_dir = root.parent
             try:
-                write_model_tree(pack, root, show_progress)
+                pack.write_tree(root, show_progress)
                 with (root / "model.yaml").open("w", encoding="utf8") as model_yaml:
                     model.info.dump(model_yaml)
             except Exception:

@@ -380,7 +380,8 @@ def localize_repository(src: Path, dst: Path, model_root: Path, *, overwrite: bo
 
     A repository stored with the model holds paths relative to the model's root (``engines``,
     ``tokenizer``); at service start they are resolved against where the model now lives. Configs
-    are rewritten through protobuf (parse, modify, serialize), so comments are not kept.
+    are rewritten through protobuf (parse, modify, serialize), so comments are not kept; so is
+    the llmapi model's ``1/model.yaml`` (its ``model`` checkpoint path).
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
@@ -393,6 +394,9 @@ def localize_repository(src: Path, dst: Path, model_root: Path, *, overwrite: bo
             config = parse_config(config_path.read_text(), source=source)
             if localize_config(config, model_root):
                 config_path.write_text(text_format.MessageToString(config))
+        from .llmapi_repository import localize_model_yaml  # the llmapi model's settings
+
+        localize_model_yaml(tmp, model_root)
         _replace_dir(tmp, dst, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
@@ -108,13 +109,47 @@ class RuntimeSettings:
         )
 
 
+LLMAPI_WORKFLOW = "llmapi"
+
+
+def _route(chosen: Route | None, manifest: dict[str, Any], workflow: str) -> Route:
+    """TRTLLM_ROUTE, else the stored route; the llmapi workflow has exactly one."""
+    route = chosen or Route(manifest.get("route", Route.DIRECT.value))
+    if (route is Route.LLMAPI) != (workflow == LLMAPI_WORKFLOW):
+        raise ValueError(
+            f"TRTLLM_ROUTE={route.value} does not fit a model packed with the {workflow} workflow"
+            + (" (its route is llmapi)" if workflow == LLMAPI_WORKFLOW else "")
+        )
+    return route
+
+
+def _llmapi_limits(manifest: dict[str, Any]) -> EngineLimits:
+    limits = manifest.get("limits") or {}
+    return EngineLimits(
+        max_input_len=int(limits["max_input_len"]),
+        max_seq_len=int(limits["max_seq_len"]),
+        max_beam_width=1,
+        max_batch_size=int(limits.get("max_batch_size") or 1),
+    )
+
+
 class LLMRuntime:
     def __init__(self, model_root: Path, settings: RuntimeSettings | None = None) -> None:
         self.model_root = Path(model_root)
         self.settings = settings or RuntimeSettings()
         manifest = read_manifest(self.model_root)
-        self.engine: EngineInfo = inspect_engine(self.model_root / ENGINES)
-        self.route = self.settings.route or Route(manifest.get("route", Route.DIRECT.value))
+        self.workflow = str(manifest.get("workflow", "engine"))
+        self.route = _route(self.settings.route, manifest, self.workflow)
+        # The llmapi workflow has no engine: its limits were recorded at pack time, and the LLM
+        # API starts its tp x pp ranks itself, under one tritonserver.
+        self.engine: EngineInfo | None = None
+        if self.workflow == LLMAPI_WORKFLOW:
+            self.limits = _llmapi_limits(manifest)
+            self.launch_ranks = 1
+        else:
+            self.engine = inspect_engine(self.model_root / ENGINES)
+            self.limits = EngineLimits.from_engine(self.engine)
+            self.launch_ranks = self.engine.world_size
         self.loras = LoraRegistry.from_model(self.model_root)
         self.triton: TritonSupervisor | SharedTriton | None = None
         self._client: TritonLLMClient | None = None
@@ -144,7 +179,8 @@ class LLMRuntime:
             grpc_port=settings.grpc_port,
             http_port=settings.http_port,
             metrics_port=settings.metrics_port,
-            world_size=self.engine.world_size,
+            world_size=self.launch_ranks,
+            auto_complete_config=self.workflow == LLMAPI_WORKFLOW,
             startup_timeout_s=settings.startup_timeout_s,
             log_dir=self._run_dir / "logs",
             models=self._models_to_load(),
@@ -169,12 +205,14 @@ class LLMRuntime:
         self._generator = Generator(
             self._client,
             tokenizer,
-            EngineLimits.from_engine(self.engine),
+            self.limits,
             self.route,
             generation_metrics(),
             self.loras,
-            lora_supported=self.engine.kind == "tensorrt_llm" and self.engine.lora_enabled,
-            guides=GuideCompiler(tokenizer, self.engine.vocab_size),
+            lora_supported=self.engine is not None
+            and self.engine.kind == "tensorrt_llm"
+            and self.engine.lora_enabled,
+            guides=GuideCompiler(tokenizer, self.engine.vocab_size if self.engine else None),
             guides_unsupported=self._guides_unsupported(),
         )
         if settings.stall_timeout_s > 0:
@@ -194,6 +232,11 @@ class LLMRuntime:
 
     def _guides_unsupported(self) -> str | None:
         """Why this model cannot enforce guided decoding, or None when it can."""
+        if self.engine is None:
+            return (
+                "guided decoding is not offered by the LLM API workflow: NVIDIA's llmapi Triton "
+                "model takes no guide inputs (pack TensorRT-LLM engines for guided decoding)"
+            )
         if self.engine.kind == "cpu" and self.engine.cpu_mode == "synthetic":
             return (
                 "guided decoding needs a model with logits; this model's synthetic CPU engine "
@@ -218,8 +261,8 @@ class LLMRuntime:
         """The direct route talks to tensorrt_llm alone: the ensemble's Python models would each
         start a stub and load the tokenizer for nothing (seconds of start-up, ~300 MB apiece).
         The text routes load the whole repository, whose BLS may call models of its own."""
-        if self.route is Route.DIRECT:
-            return (ROUTE_MODELS[Route.DIRECT],)
+        if self.route in (Route.DIRECT, Route.LLMAPI):
+            return (ROUTE_MODELS[self.route],)
         return ()
 
     async def is_ready(self) -> bool:

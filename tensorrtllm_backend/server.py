@@ -104,6 +104,9 @@ class TritonServerConfig:
     log_dir: Path | None = None
     # Load only these models (explicit model control); empty: every model in the repository.
     models: Sequence[str] = ()
+    # Let python models complete their config (the llmapi model takes max_batch_size and the
+    # decoupled policy from its model.yaml there); NVIDIA's launcher turns it off for engines.
+    auto_complete_config: bool = False
 
 
 def find_free_port() -> int:
@@ -230,7 +233,7 @@ def build_command(
         args = [
             str(installation.binary),
             f"--model-repository={config.model_repository}",
-            "--disable-auto-complete-config",
+            *(() if config.auto_complete_config else ("--disable-auto-complete-config",)),
             f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
             f"--exit-timeout-secs={config.exit_timeout_s}",
         ]

@@ -126,5 +126,7 @@ def test_stop_words_reach_the_engine_on_every_route(tokenizer) -> None:
             assert words == ["fox", " fox"]
         elif route is Route.ENSEMBLE:
             assert tensors["stop_words"].tolist() == [[b"fox", b" fox"]]
+        elif route is Route.LLMAPI:  # the LLM API matches stop strings itself: as sent
+            assert tensors["sampling_param_stop"].tolist() == [b"fox"]
         else:  # the BLS also cuts its text at them: exactly the stop strings sent
             assert tensors["stop_words"].tolist() == [[b"fox"]]

@@ -1,0 +1,254 @@
+"""Inspect a Hugging Face checkpoint for TensorRT-LLM's LLM API (the PyTorch backend, >= 1.0).
+
+That workflow builds no engine: `tensorrt_llm.LLM(model=<checkpoint>)` reads the checkpoint as
+Hugging Face wrote it. What can go wrong is then found only when the model loads on a GPU, minutes
+into a deployment. So everything that can be checked from the files is checked at pack time:
+config.json parses, its architecture is one TensorRT-LLM's PyTorch backend implements, the dtype
+is one it runs, weights (safetensors) and a tokenizer are there, and the parallel layout
+(tp x pp) splits the model and fits the GPUs asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+# Model classes of TensorRT-LLM's PyTorch backend (tensorrt_llm/_torch/models, 1.0 / 1.1 support
+# matrix), by the `architectures` name Hugging Face writes into config.json. Data, not logic:
+# add a name here when a TensorRT-LLM release adds the model.
+PYTORCH_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "BertForSequenceClassification",
+        "DeciLMForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "Exaone4ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+        "GptOssForCausalLM",
+        "HCXVisionForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "LlamaForCausalLM",
+        "LlavaLlamaModel",
+        "LlavaNextForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "MllamaForConditionalGeneration",
+        "NemotronForCausalLM",
+        "NemotronHForCausalLM",
+        "NemotronNASForCausalLM",
+        "Phi3ForCausalLM",
+        "Phi4MMForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen2ForProcessRewardModel",
+        "Qwen2ForRewardModel",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+    }
+)
+
+# config.json's `torch_dtype` (transformers < 5) or `dtype` (transformers >= 5).
+DTYPES: frozenset[str] = frozenset({"float16", "bfloat16", "float32"})
+
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be served by the LLM API; the message says what to fix."""
+
+
+class CheckpointInfo(BaseModel):
+    """What a checkpoint holds, as far as packing and serving it is concerned."""
+
+    path: Path
+    architecture: str
+    model_type: str | None = None
+    dtype: str = "auto"
+    vocab_size: int | None = None
+    max_position_embeddings: int | None = None
+    num_attention_heads: int | None = None
+    num_hidden_layers: int | None = None
+    weight_files: list[str] = Field(default_factory=list)
+    tp_size: int = 1
+    pp_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat summary for the BentoML model's metadata."""
+        data = self.model_dump(mode="json", exclude={"path", "weight_files"})
+        data["world_size"] = self.world_size
+        data["weight_files"] = len(self.weight_files)
+        return {key: value for key, value in data.items() if value is not None}
+
+
+def _read_config(checkpoint: Path) -> dict[str, Any]:
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"checkpoint directory {checkpoint} does not exist")
+    config_path = checkpoint / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{checkpoint} has no config.json: point --checkpoint at a Hugging Face model "
+            "directory (config.json, *.safetensors, tokenizer files)"
+        )
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"cannot read {config_path}: {error}") from error
+    except json.JSONDecodeError as error:
+        raise CheckpointError(
+            f"{config_path} is not valid JSON (line {error.lineno}: {error.msg})"
+        ) from error
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{config_path} must hold a JSON object")
+    return data
+
+
+def _architecture(data: dict[str, Any], config_path: Path) -> str:
+    architectures = data.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        raise CheckpointError(
+            f"{config_path} names no `architectures`: TensorRT-LLM picks the model class by it"
+        )
+    name = architectures[0]
+    if name not in PYTORCH_ARCHITECTURES:
+        known = ", ".join(sorted(PYTORCH_ARCHITECTURES))
+        raise CheckpointError(
+            f"architecture {name!r} is not one TensorRT-LLM's PyTorch backend implements; "
+            f"known: {known}"
+        )
+    return str(name)
+
+
+def _dtype(data: dict[str, Any], config_path: Path) -> str:
+    text_config = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    value = data.get("dtype") or data.get("torch_dtype") or text_config.get("torch_dtype")
+    if value is None:
+        return "auto"
+    if value not in DTYPES:
+        raise CheckpointError(
+            f"{config_path}: dtype {value!r} is not one the LLM API loads "
+            f"({', '.join(sorted(DTYPES))})"
+        )
+    return str(value)
+
+
+def _weight_files(checkpoint: Path) -> list[str]:
+    """The safetensors shards, checked against the index when there is one."""
+    index_path = checkpoint / SAFETENSORS_INDEX
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckpointError(f"{index_path} is not a safetensors index: {error}") from error
+        missing = [name for name in shards if not (checkpoint / name).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{checkpoint} is missing weight shard(s) {', '.join(missing)} named in "
+                f"{SAFETENSORS_INDEX}: the download is incomplete"
+            )
+        return shards
+    shards = sorted(path.name for path in checkpoint.glob("*.safetensors") if path.is_file())
+    if not shards:
+        raise CheckpointError(
+            f"no *.safetensors weights in {checkpoint}: the LLM API loads safetensors "
+            "(convert .bin weights with transformers' save_pretrained(safe_serialization=True))"
+        )
+    return shards
+
+
+def check_tokenizer(tokenizer_dir: Path) -> None:
+    """A tokenizer the service and the model can load, with an end token."""
+    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_MARKERS):
+        raise CheckpointError(
+            f"no tokenizer in {tokenizer_dir} (expected one of {', '.join(TOKENIZER_MARKERS)}): "
+            "copy the model's tokenizer files next to config.json, or pass --tokenizer-dir"
+        )
+    from .tokenization import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as error:  # transformers raises many kinds
+        raise CheckpointError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
+    if tokenizer.eos_token_id is None:
+        raise CheckpointError(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
+
+
+def _positive(value: object, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{flag} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _check_parallel(info: CheckpointInfo, gpus: int | None) -> None:
+    heads, layers = info.num_attention_heads, info.num_hidden_layers
+    if heads and heads % info.tp_size:
+        raise CheckpointError(
+            f"--tp {info.tp_size} does not divide the model's {heads} attention heads: "
+            "tensor parallelism splits the heads evenly over the GPUs"
+        )
+    if layers and info.pp_size > layers:
+        raise CheckpointError(
+            f"--pp {info.pp_size} exceeds the model's {layers} layers: each pipeline stage "
+            "needs at least one layer"
+        )
+    if gpus is not None and info.world_size > gpus:
+        raise CheckpointError(
+            f"world size tp x pp = {info.tp_size} x {info.pp_size} = {info.world_size} needs "
+            f"{info.world_size} GPUs, but --gpus is {gpus}: lower --tp/--pp or ask for more GPUs"
+        )
+
+
+def _int_or_none(*values: object) -> int | None:
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def inspect_checkpoint(
+    checkpoint: Path | str,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    gpus: int | None = None,
+    tokenizer_dir: Path | None = None,
+) -> CheckpointInfo:
+    """Read and check a checkpoint; raise CheckpointError naming what is wrong."""
+    checkpoint = Path(checkpoint)
+    data = _read_config(checkpoint)
+    config_path = checkpoint / "config.json"
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    info = CheckpointInfo(
+        path=checkpoint,
+        architecture=_architecture(data, config_path),
+        model_type=data.get("model_type"),
+        dtype=_dtype(data, config_path),
+        vocab_size=_int_or_none(data.get("vocab_size"), text.get("vocab_size")),
+        max_position_embeddings=_int_or_none(
+            data.get("max_position_embeddings"), text.get("max_position_embeddings")
+        ),
+        num_attention_heads=_int_or_none(
+            data.get("num_attention_heads"), text.get("num_attention_heads")
+        ),
+        num_hidden_layers=_int_or_none(
+            data.get("num_hidden_layers"), text.get("num_hidden_layers")
+        ),
+        weight_files=_weight_files(checkpoint),
+        tp_size=_positive(tp_size, "--tp"),
+        pp_size=_positive(pp_size, "--pp"),
+    )
+    if gpus is not None:
+        _positive(gpus, "--gpus")
+    _check_parallel(info, gpus)
+    check_tokenizer(tokenizer_dir or checkpoint)
+    return info

@@ -1,0 +1,205 @@
+"""Pack a Hugging Face checkpoint for TensorRT-LLM's LLM API workflow (no engines).
+
+Layout of a stored llmapi model (paths relative to the model's root, resolved at start)::
+
+    checkpoint/         the Hugging Face checkpoint (config.json, *.safetensors, tokenizer, ...)
+    tokenizer/          the tokenizer the service uses (hard links when on one filesystem)
+    model_repository/   tensorrt_llm/{config.pbtxt, 1/model.py, 1/model.yaml}
+    trtllm_model.json   manifest: workflow "llmapi", checkpoint summary, limits, model.yaml
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
+from .llmapi_repository import build_model_yaml, write_llmapi_repository
+from .packing import (
+    FORMAT,
+    MANIFEST,
+    REPOSITORY,
+    TOKENIZER,
+    TOKENIZER_FILES,
+    PackError,
+    check_tag,
+    link_or_copy,
+)
+from .repository import TemplateError
+
+WORKFLOW = "llmapi"
+CHECKPOINT = "checkpoint"
+# Weights in formats the LLM API does not load from a checkpoint dir with safetensors: left out
+# (a Llama 3 download carries a second full copy in original/*.pth).
+SKIPPED_SUFFIXES = (".bin", ".pth", ".pt", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+
+
+@dataclass
+class LlmapiPlan:
+    """Everything an llmapi model stores, decided and validated before anything is written."""
+
+    name: str
+    checkpoint: CheckpointInfo
+    tokenizer_dir: Path
+    model_yaml: dict[str, Any]
+    max_batch_size: int | None
+    max_input_len: int
+    max_seq_len: int
+    source: str = "checkpoint"
+    route: str = WORKFLOW
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def files(self) -> list[tuple[Path, Path]]:
+        """(source file, path inside the model): the checkpoint's top-level files, then the
+        tokenizer's."""
+        root = self.checkpoint.path
+        pairs = [
+            (path, Path(CHECKPOINT) / path.name)
+            for path in sorted(root.iterdir())
+            if path.is_file() and not path.name.endswith(SKIPPED_SUFFIXES)
+        ]
+        pairs += [
+            (self.tokenizer_dir / name, Path(TOKENIZER) / name)
+            for name in TOKENIZER_FILES
+            if (self.tokenizer_dir / name).is_file()
+        ]
+        return pairs
+
+    def total_bytes(self) -> int:
+        return sum(src.stat().st_size for src, _ in self.files())
+
+    @property
+    def cpu(self) -> bool:
+        """Served by the CPU stand-in (the demo); a real checkpoint asks BentoML for GPUs."""
+        return self.source == "demo"
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "workflow": WORKFLOW,
+            "source": self.source,
+            "route": self.route,
+            # What deployment.resources() reads: one GPU per rank of the LLM API's world.
+            "engine_kind": "cpu" if self.cpu else "llmapi",
+            "engine_world_size": self.checkpoint.world_size,
+            **{f"checkpoint_{k}": v for k, v in self.checkpoint.metadata().items()},
+        }
+
+    def limits(self) -> dict[str, int]:
+        limits = {"max_input_len": self.max_input_len, "max_seq_len": self.max_seq_len}
+        if self.max_batch_size is not None:
+            limits["max_batch_size"] = self.max_batch_size
+        return limits
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "workflow": WORKFLOW,
+            "source": self.source,
+            "route": self.route,
+            "checkpoint": self.checkpoint.model_dump(mode="json", exclude={"path"}),
+            "limits": self.limits(),
+            "model_yaml": self.model_yaml,
+            "loras": [],
+        }
+
+    def write_tree(self, root: Path, show_progress: bool = True) -> None:
+        files = self.files()
+        with tqdm(
+            total=sum(src.stat().st_size for src, _ in files),
+            unit="B",
+            unit_scale=True,
+            desc="checkpoint+tokenizer",
+            disable=not show_progress,
+        ) as progress:
+            for src, rel in files:
+                link_or_copy(src, root / rel, progress)
+        write_llmapi_repository(root / REPOSITORY, self.model_yaml)
+        (root / MANIFEST).write_text(json.dumps(self.manifest(), indent=2) + "\n")
+
+
+def plan_llmapi(
+    *,
+    name: str,
+    checkpoint_dir: Path,
+    tokenizer_dir: Path | None = None,
+    source: str = "checkpoint",
+    tp_size: int = 1,
+    pp_size: int = 1,
+    gpus: int | None = None,
+    backend: str = "pytorch",
+    max_batch_size: int | None = None,
+    max_input_len: int | None = None,
+    max_seq_len: int | None = None,
+    llm_args: dict[str, Any] | None = None,
+) -> LlmapiPlan:
+    """Validate a checkpoint and decide what to store (raises PackError, writes nothing)."""
+    check_tag(name)
+    try:
+        info = inspect_checkpoint(
+            checkpoint_dir, tp_size=tp_size, pp_size=pp_size, gpus=gpus, tokenizer_dir=tokenizer_dir
+        )
+    except CheckpointError as error:
+        raise PackError(str(error)) from error
+    args = dict(llm_args or {})
+    for key, value in (
+        ("max_batch_size", max_batch_size),
+        ("max_input_len", max_input_len),
+        ("max_seq_len", max_seq_len),
+    ):
+        if value is not None:
+            args[key] = value
+    seq_len = args.get("max_seq_len") or info.max_position_embeddings
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise PackError(
+            "the checkpoint's config.json has no max_position_embeddings: pass --max-seq-len"
+        )
+    input_len = args.get("max_input_len") or seq_len - 1
+    if not isinstance(input_len, int) or not 0 < input_len < seq_len:
+        raise PackError(
+            f"max_input_len {input_len} must be below max_seq_len {seq_len}, leaving room "
+            "for generated tokens"
+        )
+    try:
+        model_yaml = build_model_yaml(
+            model=CHECKPOINT, tp_size=tp_size, pp_size=pp_size, backend=backend, llm_args=args
+        )
+    except TemplateError as error:
+        raise PackError(str(error)) from error
+    batch = args.get("max_batch_size")
+    return LlmapiPlan(
+        name=name,
+        checkpoint=info.model_copy(update={"path": Path(checkpoint_dir).resolve()}),
+        tokenizer_dir=Path(tokenizer_dir or checkpoint_dir).resolve(),
+        model_yaml=model_yaml,
+        max_batch_size=batch if isinstance(batch, int) else None,
+        max_input_len=input_len,
+        max_seq_len=seq_len,
+        source=source,
+        labels={"engine": "cpu" if source == "demo" else WORKFLOW, "source": source},
+    )
+
+
+def describe_llmapi(pack: LlmapiPlan) -> str:
+    info = pack.checkpoint
+    return "\n".join(
+        [
+            f"model:        {pack.name}",
+            f"workflow:     llmapi ({pack.model_yaml['backend']} backend), {info.architecture}, "
+            f"{info.dtype}, tp={info.tp_size} pp={info.pp_size}",
+            f"limits:       max_input_len={pack.max_input_len} max_seq_len={pack.max_seq_len}"
+            f" max_batch_size={pack.max_batch_size or 'LLM API default'}",
+            f"files:        {len(pack.files())} ({pack.total_bytes() / 1e6:.1f} MB) from "
+            f"{info.path} and {pack.tokenizer_dir}",
+            "llm args:     "
+            + ", ".join(
+                f"{k}={v}"
+                for k, v in pack.model_yaml.items()
+                if k not in ("model", "backend", "triton_config")
+            ),
+        ]
+    )

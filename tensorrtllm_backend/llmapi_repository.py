@@ -1,0 +1,133 @@
+"""The llmapi model repository: NVIDIA's `tensorrt_llm` python model configured by model.yaml.
+
+Unlike the engine templates there is nothing to substitute in config.pbtxt: the model's settings
+live in ``tensorrt_llm/1/model.yaml`` (NVIDIA's keys: ``model``, ``backend``,
+``tensor_parallel_size``, ``pipeline_parallel_size``, ``triton_config.{max_batch_size,
+decoupled}``; every other key is an argument of ``tensorrt_llm.LLM``). ``model`` is stored
+relative to the model's root and made absolute on the serving machine by
+:func:`localize_model_yaml`, so a Bento built on one machine runs on another.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .repository import CONFIG_NAME, TemplateError, parse_config
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "all_models" / "llmapi"
+MODEL_NAME = "tensorrt_llm"
+MODEL_YAML = "model.yaml"
+# Keys model.yaml sets from pack_model's own flags: --llm-arg may not override them.
+RESERVED_KEYS = frozenset(
+    {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"}
+)
+BACKENDS = ("pytorch",)
+
+
+def parse_llm_args(items: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs to LLM API arguments. Values are YAML (``0.8`` a float, ``true`` a
+    bool, ``[1, 2]`` a list); dotted keys nest (``kv_cache_config.free_gpu_memory_fraction=0.8``)."""
+    args: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise TemplateError(f"--llm-arg expects KEY=VALUE (KEY may be dotted), got {item!r}")
+        if key.split(".")[0] in RESERVED_KEYS:
+            raise TemplateError(
+                f"--llm-arg {key}: set by pack_model itself (--checkpoint, --backend, --tp, --pp)"
+            )
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as error:
+            raise TemplateError(f"--llm-arg {key}: {text!r} is not a YAML value: {error}") from None
+        target = args
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = target.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise TemplateError(f"--llm-arg {key}: {part} was already given a value")
+            target = node
+        if isinstance(target.get(leaf), dict):
+            raise TemplateError(f"--llm-arg {key}: already has nested keys")
+        target[leaf] = value
+    return args
+
+
+def build_model_yaml(
+    *,
+    model: str,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    backend: str = "pytorch",
+    llm_args: Mapping[str, Any] | None = None,
+    decoupled: bool = True,
+) -> dict[str, Any]:
+    """model.yaml's content: the template's keys filled, plus LLM API arguments."""
+    if backend not in BACKENDS:
+        raise TemplateError(f"backend {backend!r}: the llmapi workflow supports {BACKENDS}")
+    template = yaml.safe_load((TEMPLATES_DIR / MODEL_NAME / "1" / MODEL_YAML).read_text())
+    clash = RESERVED_KEYS & set(llm_args or {})
+    if clash:
+        raise TemplateError(f"LLM API arguments may not set {', '.join(sorted(clash))}")
+    data = {
+        **template,
+        "model": model,
+        "backend": backend,
+        "tensor_parallel_size": tp_size,
+        "pipeline_parallel_size": pp_size,
+        "triton_config": {**template["triton_config"], "decoupled": decoupled},
+    }
+    data.update(llm_args or {})
+    return data
+
+
+def write_llmapi_repository(dst: Path, model_yaml: Mapping[str, Any]) -> Path:
+    """Write the llmapi repository (config.pbtxt, 1/model.py, 1/model.yaml) to ``dst``.
+
+    The config is parsed as Triton does before anything is written; ``dst`` must not exist.
+    """
+    source = TEMPLATES_DIR / MODEL_NAME
+    config = parse_config((source / CONFIG_NAME).read_text(), source=f"{MODEL_NAME}/{CONFIG_NAME}")
+    if config.name != MODEL_NAME:
+        raise TemplateError(f"{MODEL_NAME}/{CONFIG_NAME}: name is {config.name!r}")
+    if Path(dst).exists():
+        raise TemplateError(f"{dst} exists")
+    target = Path(dst) / MODEL_NAME
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (target / "1" / MODEL_YAML).write_text(dump_model_yaml(model_yaml), encoding="utf-8")
+    return Path(dst)
+
+
+def dump_model_yaml(data: Mapping[str, Any]) -> str:
+    header = (
+        "# LLM API arguments of tensorrt_llm.LLM (NVIDIA's llmapi model.yaml keys), written by\n"
+        "# pack_model.py --workflow llmapi. `model` is relative to the stored model's root until\n"
+        "# the service localizes the repository.\n"
+    )
+    return header + yaml.safe_dump(dict(data), sort_keys=False)
+
+
+def localize_model_yaml(repository: Path, model_root: Path) -> list[Path]:
+    """Make a relative ``model`` in every ``*/1/model.yaml`` of ``repository`` absolute under
+    ``model_root``, in place; returns the files rewritten. Hub ids (``org/name``) that do not
+    exist under the model root are left alone."""
+    root = Path(os.path.abspath(model_root))
+    changed = []
+    for path in sorted(Path(repository).glob(f"*/*/{MODEL_YAML}")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+            continue
+        value = data["model"]
+        if os.path.isabs(value) or not (root / value).exists():
+            continue
+        data["model"] = os.path.normpath(root / value)
+        path.write_text(dump_model_yaml(data), encoding="utf-8")
+        changed.append(path)
+    return changed

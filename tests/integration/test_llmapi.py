@@ -1,0 +1,260 @@
+"""The LLM API workflow end to end on CPU: `pack_model.py --demo --workflow llmapi`, the llmapi
+`tensorrt_llm` model in a real tritonserver called with NVIDIA's tensors, and `bentoml serve`
+answering the native and OpenAI APIs through it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import bentoml
+import httpx
+import numpy as np
+import openai
+import pytest
+import yaml
+from conftest import BentoServer, pack, start_bento_server
+from tritonclient.grpc import InferInput
+from tritonclient.grpc.aio import InferenceServerClient
+
+from tensorrtllm_backend.repository import localize_repository
+from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor, find_free_port
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def llmapi_model() -> str:
+    return pack("--demo", "--workflow", "llmapi", "--max-seq-len", "512")
+
+
+@pytest.fixture(scope="module")
+def triton(llmapi_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """tritonserver on the stored llmapi repository, localized as the service does."""
+    root = Path(bentoml.models.get(llmapi_model).path)
+    run = tmp_path_factory.mktemp("llmapi-triton")
+    repository = localize_repository(root / "model_repository", run / "repo", root)
+    supervisor = TritonSupervisor(
+        TritonServerConfig(
+            model_repository=repository,
+            auto_complete_config=True,  # max_batch_size / decoupled come from model.yaml
+            log_dir=run / "logs",
+            startup_timeout_s=180,
+        )
+    )
+    supervisor.start()
+    try:
+        yield supervisor.grpc_url
+    finally:
+        supervisor.stop()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _input(name: str, value: np.ndarray) -> InferInput:
+    datatype = {"object": "BYTES", "bool": "BOOL", "int32": "INT32", "uint64": "UINT64",
+                "float32": "FP32"}[value.dtype.name]  # fmt: skip
+    tensor = InferInput(name, list(value.shape), datatype)
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+async def _call(url: str, streaming: bool, **extra: np.ndarray) -> list[dict[str, str]]:
+    """One request with NVIDIA's llmapi tensors (no batch dimension); every response's
+    text_output and finish_reason, in order."""
+    tensors = {
+        "text_input": np.array([PROMPT.encode()], dtype=np.object_),
+        "sampling_param_max_tokens": np.array([12], dtype=np.int32),
+        "streaming": np.array([streaming]),
+        "return_finish_reason": np.array([True]),
+        "sampling_param_exclude_input_from_output": np.array([True]),
+        **extra,
+    }
+    inputs = [_input(name, value) for name, value in tensors.items()]
+    client = InferenceServerClient(url)
+
+    async def requests() -> AsyncIterator[dict]:
+        yield {"model_name": "tensorrt_llm", "inputs": inputs, "request_id": "llmapi-test"}
+
+    responses = []
+    try:
+        async for result, error in client.stream_infer(requests(), stream_timeout=120):
+            if error is not None:
+                raise error
+            responses.append(
+                {
+                    name: result.as_numpy(name).reshape(-1)[0].decode()
+                    for name in ("text_output", "finish_reason", "stop_reason")
+                    if result.as_numpy(name) is not None
+                }
+            )
+            if responses[-1]["finish_reason"] != "None":
+                break
+    finally:
+        await client.close()
+    return responses
+
+
+def test_model_takes_its_triton_config_from_model_yaml(triton: str) -> None:
+    async def config() -> object:
+        client = InferenceServerClient(triton)
+        try:
+            return (await client.get_model_config("tensorrt_llm")).config
+        finally:
+            await client.close()
+
+    loaded = asyncio.run(config())
+    assert loaded.max_batch_size == 0
+    assert loaded.model_transaction_policy.decoupled is True
+    assert {t.name for t in loaded.input} >= {"text_input", "sampling_param_max_tokens"}
+
+
+def test_text_input_and_max_tokens_stream_text_so_far(triton: str) -> None:
+    streamed = asyncio.run(_call(triton, streaming=True))
+    texts = [r["text_output"] for r in streamed]
+    assert len(streamed) > 2
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
+    assert [r["finish_reason"] for r in streamed[:-1]] == ["None"] * (len(streamed) - 1)
+    assert streamed[-1]["finish_reason"] == "length"
+    whole = asyncio.run(_call(triton, streaming=False))  # greedy: the same text at once
+    assert whole == [{"text_output": texts[-1], "finish_reason": "length"}]
+
+
+def test_stop_string_ends_the_request(triton: str) -> None:
+    full = asyncio.run(_call(triton, streaming=False))[0]["text_output"]
+    stop = full.strip().split(" ")[1]  # a word from the middle of the greedy completion
+    result = asyncio.run(
+        _call(
+            triton,
+            streaming=True,
+            sampling_param_stop=np.array([b"never in the text", stop.encode()], np.object_),
+            return_stop_reason=np.array([True]),
+        )
+    )
+    assert result[-1]["finish_reason"] == "stop"
+    assert result[-1]["stop_reason"] == stop
+    assert result[-1]["text_output"] == full[: full.index(stop)]
+    assert all(r["stop_reason"] == "None" for r in result[:-1])
+
+
+def test_seed_makes_sampling_repeatable(triton: str) -> None:
+    def sampled(seed: int) -> str:
+        extra = {
+            "sampling_param_temperature": np.array([1.0], dtype=np.float32),
+            "sampling_param_top_p": np.array([1.0], dtype=np.float32),
+            "sampling_param_seed": np.array([seed], dtype=np.uint64),
+        }
+        return asyncio.run(_call(triton, streaming=False, **extra))[-1]["text_output"]
+
+    assert sampled(7) == sampled(7)
+    assert len({sampled(seed) for seed in (1, 2, 3)}) > 1
+
+
+def test_bad_request_is_an_error_for_that_request(triton: str) -> None:
+    with pytest.raises(Exception, match="sampling_param_max_tokens 100000"):
+        asyncio.run(
+            _call(triton, streaming=True, sampling_param_max_tokens=np.array([100000], np.int32))
+        )
+
+
+@pytest.fixture(scope="module")
+def triton_http_port() -> int:
+    return find_free_port()
+
+
+@pytest.fixture(scope="module")
+def server(
+    llmapi_model: str, triton_http_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BentoServer]:
+    server = start_bento_server(
+        llmapi_model,
+        tmp_path_factory.mktemp("llmapi-server"),
+        env={"TRTLLM_TRITON_HTTP_PORT": str(triton_http_port)},  # to look at Triton's model
+    )
+    yield server
+    server.stop()
+
+
+def _triton_model(port: int, what: str) -> dict:
+    url = f"http://127.0.0.1:{port}/v2/models/tensorrt_llm/{what}"
+    return httpx.get(url, timeout=10).json()
+
+
+def test_stored_model_yaml_points_at_the_stored_checkpoint(llmapi_model: str) -> None:
+    root = Path(bentoml.models.get(llmapi_model).path)
+    settings = yaml.safe_load(
+        (root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    )
+    assert settings["model"] == "checkpoint" and (root / "checkpoint" / "config.json").is_file()
+    assert settings["max_seq_len"] == 512
+
+
+def test_generate_streams_through_the_llmapi_model(
+    server: BentoServer, triton_http_port: int
+) -> None:
+    config = _triton_model(triton_http_port, "config")
+    assert {t["name"] for t in config["input"]} >= {"text_input", "sampling_param_max_tokens"}
+    assert config["model_transaction_policy"]["decoupled"] is True
+
+    def served() -> int:
+        stats = _triton_model(triton_http_port, "stats")["model_stats"][0]
+        return int(stats["inference_stats"]["success"]["count"])
+
+    before = served()
+    body = {"prompt": PROMPT, "max_tokens": 16}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        chunks = [chunk for chunk in response.iter_text() if chunk]
+    assert len(chunks) > 1
+    result = httpx.post(f"{server.url}/generate_text", json=body, timeout=120).json()
+    assert result["text"] == "".join(chunks)  # greedy: streamed and whole agree
+    assert result["finish_reason"] == "length"
+    assert result["usage"]["completion_tokens"] == 16
+    assert served() == before + 2  # both requests went to the llmapi tensorrt_llm model
+
+
+def test_generate_text_cuts_at_stop_strings(server: BentoServer) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 16}
+    full = httpx.post(f"{server.url}/generate_text", json=body, timeout=120).json()["text"]
+    stop = full.strip().split(" ")[1]
+    result = httpx.post(
+        f"{server.url}/generate_text", json={**body, "stop": [stop]}, timeout=120
+    ).json()
+    assert result["text"] == full[: full.index(stop)]
+    assert result["finish_reason"] == "stop"
+    assert 0 < result["usage"]["completion_tokens"] <= 16
+
+
+def test_openai_chat_completions_answer(server: BentoServer, llmapi_model: str) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    name = llmapi_model.split(":")[0]
+    messages = [{"role": "user", "content": "Hi!"}]
+    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=8)
+    assert answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.completion_tokens == 8
+    stream = client.chat.completions.create(
+        model=name, messages=messages, max_tokens=8, stream=True
+    )
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert streamed == answer.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("bad_words", ["x"]),
+        ("beam_width", 2),
+        ("min_tokens", 2),
+        ("guided_decoding", {"type": "json"}),
+        ("lora", "adapter"),
+    ],
+)
+def test_what_the_workflow_cannot_do_is_a_400(server: BentoServer, field: str, value) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 4, field: value}
+    response = httpx.post(f"{server.url}/generate_text", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert f"drop `{field}`" in response.json()["error"]
