@@ -126,11 +126,15 @@ async def test_compiling_leaves_the_event_loop_free(compiler: GuideCompiler) -> 
     assert ticks > 1
 
 
+# The engine workflow's routes; the LLM API workflow's model has no guide inputs.
+ENGINE_ROUTES = [route for route in Route if route is not Route.LLMAPI]
+
+
 def _generator(tokenizer, route: Route, **kwargs) -> Generator:
     return Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route, **kwargs)
 
 
-@pytest.mark.parametrize("route", list(Route))
+@pytest.mark.parametrize("route", ENGINE_ROUTES)
 def test_every_route_sends_the_guide_tensors(tokenizer, route: Route) -> None:
     generator = _generator(tokenizer, route)
     params = SamplingParams(guided_decoding=GuidedDecoding(type="json_schema", guide=SCHEMA))
@@ -141,13 +145,21 @@ def test_every_route_sends_the_guide_tensors(tokenizer, route: Route) -> None:
     assert guide.dtype == np.object_ and guide.tolist() == [[SCHEMA.encode()]]
 
 
-@pytest.mark.parametrize("route", list(Route))
+@pytest.mark.parametrize("route", ENGINE_ROUTES)
 def test_json_without_guide_sends_the_type_alone(tokenizer, route: Route) -> None:
     generator = _generator(tokenizer, route)
     params = SamplingParams(guided_decoding=GuidedDecoding(type="json"))
     tensors, _ = generator._triton_inputs(generator.prepare("Hi", params), False)
     assert tensors["guided_decoding_guide_type"].tolist() == [[b"json"]]
     assert "guided_decoding_guide" not in tensors
+
+
+def test_the_llmapi_route_refuses_a_guide(tokenizer) -> None:
+    generator = _generator(tokenizer, Route.LLMAPI)
+    params = SamplingParams(guided_decoding=GuidedDecoding(type="json_schema", guide=SCHEMA))
+    with pytest.raises(RequestError, match="guided decoding") as raised:
+        generator.prepare("Hi", params)
+    assert raised.value.param == "guided_decoding"
 
 
 def test_unguided_request_sends_no_guide_tensor(tokenizer) -> None:
