@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.deployment import (
@@ -101,7 +102,10 @@ class TRTLLM:
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
-        return await self.runtime.is_ready()
+        if await self.runtime.is_ready():
+            return True
+        # BentoML answers False with a fixed text; this 503 says why (failed, restarting...).
+        raise HTTPException(503, detail=self.runtime.not_ready_reason())
 
     def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)

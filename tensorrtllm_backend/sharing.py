@@ -115,6 +115,12 @@ class SharedTriton:
             return supervisor.is_ready()
         return probe_ready(self.ports, timeout=1.0)
 
+    @property
+    def failure(self) -> str | None:
+        """Why the tritonserver this worker runs is down or restarting (None for another's)."""
+        supervisor = self.supervisor
+        return supervisor.failure if supervisor is not None else None
+
     def start(self) -> None:
         """Run tritonserver or find the worker that does; block until it is ready."""
         deadline = time.monotonic() + self.config.startup_timeout_s
