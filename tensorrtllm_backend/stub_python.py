@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 STUB_NAME = "triton_python_backend_stub"
 _LIBPYTHON = re.compile(r"^libpython(\d+)\.(\d+)[a-z]*\.so(\.[\d.]+)?$")
+# A libpython a wheel bundles, renamed by auditwheel: libpython3-419a3a08.13.so.1.0
+_VENDORED_LIBPYTHON = re.compile(r"^libpython(\d+)-[0-9a-f]{8}\.(\d+)[a-z]*\.so(\.[\d.]+)?$")
 _DEFAULT_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
 # ELF dynamic-section tags (elf.h)
 _DT_NEEDED, _DT_STRTAB, _DT_RPATH, _DT_RUNPATH = 1, 5, 15, 29
@@ -103,8 +105,15 @@ def read_elf_links(path: Path) -> ElfLinks | None:
 
 
 def libpython_version(soname: str) -> tuple[int, int] | None:
-    match = _LIBPYTHON.match(soname)
+    match = _LIBPYTHON.match(soname) or _VENDORED_LIBPYTHON.match(soname)
     return (int(match[1]), int(match[2])) if match else None
+
+
+def _system_dirs() -> list[Path]:
+    """ld.so's built-in directories (after LD_LIBRARY_PATH and its cache)."""
+    machine = sysconfig.get_config_var("MULTIARCH")
+    dirs = [Path(d) / machine for d in _DEFAULT_DIRS] if machine else []
+    return [*dirs, *(Path(d) for d in _DEFAULT_DIRS)]
 
 
 @dataclass(frozen=True)
@@ -186,6 +195,7 @@ def loader_search_path(
     ld_library_path: Sequence[str],
     cache: Callable[[str], list[Path]],
     soname: str,
+    system_dirs: Sequence[Path],
 ) -> list[Path]:
     """The candidate files for `soname`, in the order ld.so tries them for this stub."""
     origin = stub.resolve().parent
@@ -194,11 +204,7 @@ def loader_search_path(
     dirs += _expand_origin(links.runpath, origin)
     candidates = [d / soname for d in dirs]
     candidates += cache(soname)
-    machine = sysconfig.get_config_var("MULTIARCH")
-    defaults = [Path(d) / machine for d in _DEFAULT_DIRS if machine] + [
-        Path(d) for d in _DEFAULT_DIRS
-    ]
-    candidates += [d / soname for d in defaults]
+    candidates += [d / soname for d in system_dirs]
     return candidates
 
 
@@ -248,6 +254,7 @@ def plan_stub_python(
     ld_library_path: Sequence[str] = (),
     cache: Callable[[str], list[Path]] = ldconfig_cache,
     links: ElfLinks | None = None,
+    system_dirs: Sequence[Path] | None = None,
 ) -> StubPython | None:
     """Which libpython the stub will load and whose stdlib goes with it (None: the stub is not
     a dynamically linked ELF we can read, so nothing is changed). Raises StubPythonError."""
@@ -261,11 +268,15 @@ def plan_stub_python(
         return None  # libpython linked statically: it finds its stdlib as its build says
     own = _own_library(interpreter, soname) if version == interpreter.version else None
     search = [str(own.parent)] if own else []
-    candidates = loader_search_path(stub, links, [*search, *ld_library_path], cache, soname)
+    system = _system_dirs() if system_dirs is None else system_dirs
+    candidates = loader_search_path(stub, links, [*search, *ld_library_path], cache, soname, system)
     library = next((c for c in candidates if c.is_file()), None)
     if library is None:
         raise StubPythonError(_no_library_message(soname, stub, interpreter))
     home = installation_of(library, version)
+    if home is None and version == interpreter.version and not _LIBPYTHON.match(soname):
+        # Bundled with the stub (nvidia-pytriton's 3.13): meant for the running Python's stdlib.
+        home = interpreter.base_prefix
     if home is None:
         stdlib = f"lib/python{version[0]}.{version[1]}"
         raise StubPythonError(
