@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.deployment import (
+    end_serving,
     freeze_startup_heap,
     lengthen_keep_alive,
     log_server_errors_once,
@@ -42,6 +43,7 @@ from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.server import TritonSetupError
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 logger = logging.getLogger("bentoml.trtllm")
@@ -87,7 +89,11 @@ class TRTLLM:
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
-        await self.runtime.start()
+        try:
+            await self.runtime.start()
+        except TritonSetupError as error:
+            end_serving(error)  # else BentoML starts this worker again, and again
+            raise
         freeze_startup_heap()
         self.openai = OpenAIServing(
             self.runtime.generator,

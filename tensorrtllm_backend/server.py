@@ -61,9 +61,13 @@ class TritonStartupError(TritonError):
     """tritonserver exited or did not become ready; the message carries its log tail."""
 
 
-class TritonModelLoadError(TritonStartupError):
+class TritonSetupError(TritonStartupError):
+    """Starting again would fail the same way (the service's setup is wrong): never retried."""
+
+
+class TritonModelLoadError(TritonSetupError):
     """A model failed to load for a reason that starting again does not change (an import
-    error, a bad config.pbtxt, model.py raising in initialize): never retried."""
+    error, a bad config.pbtxt, model.py raising in initialize)."""
 
 
 class ServerState(str, enum.Enum):
@@ -194,7 +198,7 @@ def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
             (p.parent.name for p in stubs.glob(f"*/{STUB_NAME}")),
             key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()),
         )
-        raise TritonError(
+        raise TritonSetupError(
             f"nvidia-pytriton has Python backend stubs for Python {', '.join(have) or 'none'}, "
             f"not for the Python {version} running this service ({sys.executable}): run the "
             f"service with one of those versions, or set {ENV_TRITONSERVER} and "
@@ -526,7 +530,7 @@ class TritonSupervisor:
                     self._launch_until_ready(ServerState.RESTARTING)
                     backoff = 1.0
                     break
-                except TritonModelLoadError as error:
+                except TritonSetupError as error:
                     # The same models fail the same way at every start: stop here.
                     logger.error("tritonserver cannot be restarted: %s", error)
                     self._failure = str(error)
@@ -631,7 +635,7 @@ class TritonSupervisor:
                         env.get("LD_LIBRARY_PATH", "").split(os.pathsep),
                     )
                 except StubPythonError as error:
-                    raise TritonStartupError(str(error)) from None
+                    raise TritonSetupError(str(error)) from None
                 if self._stub_python is not None:
                     logger.info("python models run on %s", describe(self._stub_python))
         return self._stub_python or None
