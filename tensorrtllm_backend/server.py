@@ -672,14 +672,14 @@ class TritonSupervisor:
                 raise TritonStartupError("stopped while tritonserver was starting")
             code = run.process.poll()
             if code is not None:
-                self._raise_if_a_model_failed(run, f"tritonserver exited with code {code}")
+                self._raise_if_a_model_failed(run)
                 raise TritonStartupError(
                     f"tritonserver exited with code {code} before it was ready. "
                     f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
                 )
             polls += 1
             if polls % 5 == 0:  # a failed model may leave tritonserver up (explicit loading)
-                self._raise_if_a_model_failed(run, "tritonserver is not ready")
+                self._raise_if_a_model_failed(run)
             if probe_ready(run.ports, timeout=1.0):
                 logger.info(
                     "tritonserver ready in %.1f s (grpc %s:%d)",
@@ -695,9 +695,18 @@ class TritonSupervisor:
         )
 
     @staticmethod
-    def _raise_if_a_model_failed(run: _Run, what: str) -> None:
+    def _raise_if_a_model_failed(run: _Run) -> None:
         failures = deterministic_failures(read_load_failures(run.log_path))
         if failures:
+            try:  # tritonserver normally exits on its own right after: let its log end
+                code: int | None = run.process.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                code = None
+            what = (
+                "tritonserver is not ready"
+                if code is None
+                else f"tritonserver exited with code {code} before it was ready"
+            )
             reasons = "\n".join(f"- {failure}" for failure in failures)
             raise TritonModelLoadError(
                 f"{what}: {len(failures)} model(s) failed to load, and starting again would "
