@@ -102,6 +102,15 @@ def test_service_starts_under_each_path_layout(
 BROKEN_IMPORT = "import package_that_is_not_installed  # noqa: F401\n"
 
 
+def pack(*args: str) -> str:
+    """A model of this module's own in the test store (its files get broken on purpose)."""
+    import pack_model
+
+    tag = pack_model.run(pack_model.build_parser().parse_args([*args, "--no-progress"]))
+    assert tag is not None
+    return tag
+
+
 def broken_repository(root: Path) -> Path:
     model = root / "echo"
     (model / "1").mkdir(parents=True)
@@ -179,7 +188,6 @@ def test_service_start_fails_fast_naming_the_import_error(
 ) -> None:
     """Through `bentoml serve`: a python model that cannot import ends the start quickly."""
     from bentoml.models import get
-    from conftest import pack
 
     tag = pack("--synthetic", "--name", "trtllm-broken-import", "--max-input-len", "64")
     model_py = Path(get(tag).path) / REPOSITORY / "tensorrt_llm" / "1" / "model.py"
@@ -194,3 +202,30 @@ def test_service_start_fails_fast_naming_the_import_error(
     assert "the service cannot start, stopping `bentoml serve`" in log
     assert log.count("Running startup hook") == 1, "the worker was started again"
     assert elapsed < 90, f"took {elapsed:.0f} s"
+
+
+def test_readyz_says_why_after_a_restart_that_cannot_load(
+    bento_launcher: Callable[..., BentoServer],
+) -> None:
+    """tritonserver crashes, and the model no longer imports: the service stays up, not ready,
+    and /readyz's 503 says why instead of BentoML's fixed text."""
+    tag = pack("--synthetic", "--name", "trtllm-breaks-later", "--max-input-len", "64")
+    server = bento_launcher(tag, wait=True)
+    (triton,) = [p for p in server.tritons() if p.name() == "tritonserver"]
+    repository = next(
+        a.split("=", 1)[1] for a in triton.cmdline() if a.startswith("--model-repository=")
+    )
+    model_py = Path(repository) / "tensorrt_llm" / "1" / "model.py"
+    text = model_py.read_text()
+    model_py.unlink()  # a copy of our own: the stored model's file (if linked) stays intact
+    model_py.write_text(BROKEN_IMPORT + text)
+    triton.kill()
+    deadline = time.monotonic() + 60
+    response = httpx.get(f"{server.url}/readyz", timeout=5)
+    while "not restarted" not in response.text and time.monotonic() < deadline:
+        time.sleep(0.5)
+        response = httpx.get(f"{server.url}/readyz", timeout=5)
+    assert response.status_code == 503
+    assert "the model server failed and is not restarted" in response.text, response.text
+    assert "No module named 'package_that_is_not_installed'" in response.text
+    assert server.process.poll() is None  # the service itself stays up to say so
