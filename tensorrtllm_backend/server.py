@@ -382,7 +382,8 @@ class TritonSupervisor:
         self._ports: TritonPorts | None = None
         self._stubs: StubWatch | None = None  # the Python stubs of the current run
         self._check_stubs = True
-        self._stub_python: StubPython | None | bool = False  # False: not planned yet
+        self._stub_python: StubPython | None = None
+        self._stub_python_planned = False
         self._failure: str | None = None  # why it is not ready, when it failed
         self._log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tritonserver-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -623,22 +624,20 @@ class TritonSupervisor:
         self, installation: TritonInstallation, env: dict[str, str]
     ) -> StubPython | None:
         """Once per supervisor: the libpython / stdlib pair of the python backend stub."""
-        if self._stub_python is False:
-            stub = installation.python_stub
-            if not stub.is_file():
-                self._stub_python = None  # no python backend here: nothing to pair
-            else:
-                try:
-                    self._stub_python = plan_stub_python(
-                        stub,
-                        Interpreter.current(),
-                        env.get("LD_LIBRARY_PATH", "").split(os.pathsep),
-                    )
-                except StubPythonError as error:
-                    raise TritonSetupError(str(error)) from None
-                if self._stub_python is not None:
-                    logger.info("python models run on %s", describe(self._stub_python))
-        return self._stub_python or None
+        if self._stub_python_planned:
+            return self._stub_python
+        stub = installation.python_stub
+        if stub.is_file():  # else no python backend here: nothing to pair
+            try:
+                self._stub_python = plan_stub_python(
+                    stub, Interpreter.current(), env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+                )
+            except StubPythonError as error:
+                raise TritonSetupError(str(error)) from None
+            if self._stub_python is not None:
+                logger.info("python models run on %s", describe(self._stub_python))
+        self._stub_python_planned = True
+        return self._stub_python
 
     def _spawn(self, ports: TritonPorts) -> _Run:
         if self._installation is None:

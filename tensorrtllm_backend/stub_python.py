@@ -234,11 +234,13 @@ def _own_library(interpreter: Interpreter, soname: str) -> Path | None:
 
 def _no_library_message(soname: str, stub: Path, interpreter: Interpreter) -> str:
     major, minor = libpython_version(soname) or interpreter.version
-    own = (
-        f"{interpreter.label} is built without a shared libpython (static)"
-        if not interpreter.shared
-        else f"{interpreter.label} has no {soname} in {', '.join(map(str, interpreter.library_dirs))}"
-    )
+    if (major, minor) != interpreter.version:
+        own = f"the stub is built for Python {major}.{minor}, the service runs {interpreter.label}"
+    elif not interpreter.shared:
+        own = f"{interpreter.label} is built without a shared libpython (static)"
+    else:
+        dirs = ", ".join(map(str, interpreter.library_dirs))
+        own = f"{interpreter.label} has no {soname} in {dirs}"
     return (
         f"the Python backend stub {stub} needs {soname}, and none was found: {own}, and the "
         f"dynamic loader finds no other (LD_LIBRARY_PATH, ld.so cache, /usr/lib). Install one "
@@ -289,8 +291,9 @@ def plan_stub_python(
     if version != interpreter.version:
         logger.warning(
             "the Python backend stub %s runs Python %d.%d, the service %s: python models get "
-            "%s's interpreter and standard library, and packages built for %d.%d may not import",
-            stub, *version, interpreter.label, home, *version,
+            "the interpreter and standard library of %s, where the service's packages (built "
+            "for Python %d.%d) may not import",
+            stub, *version, interpreter.label, home, *interpreter.version,
         )  # fmt: skip
     ours = own is not None and library.resolve() == own.resolve()
     return StubPython(soname, library.resolve(), home, _executable(home, version), version, ours)
