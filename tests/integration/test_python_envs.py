@@ -229,3 +229,43 @@ def test_readyz_says_why_after_a_restart_that_cannot_load(
     assert "the model server failed and is not restarted" in response.text, response.text
     assert "No module named 'package_that_is_not_installed'" in response.text
     assert server.process.poll() is None  # the service itself stays up to say so
+
+
+def test_a_worker_taking_over_a_model_that_cannot_load_stops_trying(tmp_path: Path) -> None:
+    """Workers sharing one tritonserver: when its owner goes away and the model no longer
+    loads, the worker taking over reports FAILED once instead of starting Triton every second."""
+    from tensorrtllm_backend.server import find_free_port
+    from tensorrtllm_backend.sharing import SharedTriton
+
+    repository = broken_repository(tmp_path / "repo")
+    model_py = repository / "echo" / "1" / "model.py"
+    broken = model_py.read_text()
+    model_py.write_text(broken.replace(BROKEN_IMPORT, ""))
+    config = TritonServerConfig(
+        model_repository=repository,
+        grpc_port=find_free_port(),
+        http_port=find_free_port(),
+        metrics_port=find_free_port(),
+        startup_timeout_s=60,
+        log_dir=tmp_path / "logs",
+    )
+    owner = SharedTriton(config, tmp_path, takeover_poll_s=0.2)
+    follower = SharedTriton(config, tmp_path, takeover_poll_s=0.2)
+    try:
+        owner.start()
+        follower.start()
+        assert owner.owner and not follower.owner
+        model_py.write_text(broken)
+        owner.stop()
+        deadline = time.monotonic() + 60
+        while follower.state is not ServerState.FAILED and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert follower.state is ServerState.FAILED
+        assert "package_that_is_not_installed" in (follower.failure or "")
+        assert follower._takeover is not None
+        follower._takeover.join(5)
+        assert not follower._takeover.is_alive(), "the worker kept trying to take over"
+        assert not follower.owner
+    finally:
+        follower.stop()
+        owner.stop()
