@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.deployment import (
+    end_serving,
     freeze_startup_heap,
     lengthen_keep_alive,
     log_server_errors_once,
@@ -41,6 +43,7 @@ from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.server import TritonSetupError
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 logger = logging.getLogger("bentoml.trtllm")
@@ -86,7 +89,11 @@ class TRTLLM:
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
-        await self.runtime.start()
+        try:
+            await self.runtime.start()
+        except TritonSetupError as error:
+            end_serving(error)  # else BentoML starts this worker again, and again
+            raise
         freeze_startup_heap()
         self.openai = OpenAIServing(
             self.runtime.generator,
@@ -101,7 +108,10 @@ class TRTLLM:
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
-        return await self.runtime.is_ready()
+        if await self.runtime.is_ready():
+            return True
+        # BentoML answers False with a fixed text; this 503 says why (failed, restarting...).
+        raise HTTPException(503, detail=self.runtime.not_ready_reason())
 
     def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)

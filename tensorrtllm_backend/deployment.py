@@ -10,7 +10,9 @@ import gc
 import logging
 import os
 import shutil
+import signal
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import bentoml
@@ -153,3 +155,24 @@ def freeze_startup_heap() -> None:
     """
     gc.collect()  # start-up's own garbage goes first: frozen objects are never freed
     gc.freeze()
+
+
+def end_serving(reason: BaseException) -> None:
+    """Stop `bentoml serve` altogether after a start that cannot succeed.
+
+    Outside containers BentoML's process manager starts a worker again whenever it exits, also
+    when its startup failed: a model that cannot import would be loaded every ~10 s, forever,
+    and the error scroll by. The failing worker asks its parent, the `bentoml serve` process,
+    to shut down (SIGTERM, as Ctrl-C would), so the start ends with the reason in the log.
+    """
+    parent = os.getppid()
+    try:
+        command = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if not any(b"bentoml" in part for part in command) or b"serve" not in command:
+        return  # not started by `bentoml serve` (a test harness, a notebook): leave it alone
+    logging.getLogger("bentoml.trtllm").error(
+        "the service cannot start, stopping `bentoml serve` (pid %d): %s", parent, reason
+    )
+    os.kill(parent, signal.SIGTERM)

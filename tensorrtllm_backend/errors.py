@@ -5,11 +5,15 @@ Both native APIs answer an error with `{"error": "<what to fix>"}` (plus Retry-A
 503). `/generate_text` returns that response itself. `/generate` is a stream, so it can only raise
 before its first chunk, and BentoML renders what it raises in its own way: a 4xx body as a JSON
 list, a 5xx with its message replaced by "unexpected error". :class:`NativeErrorMiddleware`
-renders those errors like `/generate_text` does instead.
+renders those errors like `/generate_text` does instead. A request body that fails the schema is
+answered by BentoML itself, titled with its internal class name ("1 validation error for
+GenerateRequestIODescriptor"); the middleware words that as "max_tokens: Input should be a valid
+integer" and keeps BentoML's per-field `detail` beside it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from contextvars import ContextVar
 from http import HTTPStatus
@@ -25,6 +29,8 @@ from .metrics import generation_metrics
 
 RETRY_AFTER_S = 5
 STREAMING_NATIVE_PATHS = frozenset({"/generate"})
+NATIVE_PATHS = frozenset({"/generate", "/generate_text"})
+MAX_VALIDATION_BODY = 256 * 1024  # BentoML's validation answers are small; larger: passed as is
 
 
 class StreamAborted(BaseException):
@@ -105,17 +111,47 @@ def error_response(error: Exception) -> JSONResponse:
     return json_error(as_api_error(error))
 
 
+def _field(location: list[object]) -> str:
+    """("guided_decoding", "type") -> guided_decoding.type; ("stop", 2) -> stop[2]."""
+    name = ""
+    for part in location:
+        name += f"[{part}]" if isinstance(part, int) else f"{'.' if name else ''}{part}"
+    return name or "body"
+
+
+def plain_validation_error(body: object) -> dict[str, object] | None:
+    """BentoML's 400 for a body that fails the schema, reworded for people; None if `body`
+    is not one."""
+    if not isinstance(body, dict) or "validation error" not in str(body.get("error", "")):
+        return None
+    detail = body.get("detail")
+    if not isinstance(detail, list) or not all(isinstance(item, dict) for item in detail):
+        return None
+    lines = [
+        f"{_field(list(item.get('loc') or []))}: {item.get('msg', 'invalid')}" for item in detail
+    ]
+    return {"error": "; ".join(lines), "detail": detail}
+
+
 class NativeErrorMiddleware:
-    """For the streaming native API: when the API raised an :class:`APIError`, send
-    :func:`json_error` of it in place of BentoML's rendering (same status)."""
+    """For the native APIs: when the streaming API raised an :class:`APIError`, send
+    :func:`json_error` of it in place of BentoML's rendering (same status); reword BentoML's
+    schema-validation 400s (:func:`plain_validation_error`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") not in STREAMING_NATIVE_PATHS:
+        if scope["type"] != "http" or scope.get("path") not in NATIVE_PATHS:
             await self.app(scope, receive, send)
             return
+        if scope.get("path") in STREAMING_NATIVE_PATHS:
+            await self._streaming(scope, receive, send)
+        else:
+            await self.app(scope, receive, _ValidationRewording(send))
+
+    async def _streaming(self, scope: Scope, receive: Receive, send: Send) -> None:
+        send = _ValidationRewording(send)
         raised: list[APIError] = []
         token = _raised.set(raised)
         replaced = False
@@ -136,3 +172,43 @@ class NativeErrorMiddleware:
             await self.app(scope, receive, send_rendered)
         finally:
             _raised.reset(token)
+
+
+class _ValidationRewording:
+    """An ASGI `send` that holds back a 400 JSON answer, and sends it reworded when it is
+    BentoML's schema-validation error (anything else is sent unchanged)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._start: Message | None = None
+        self._body = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = dict(message.get("headers") or [])
+            if message["status"] == 400 and b"json" in headers.get(b"content-type", b""):
+                self._start = message
+                return
+        elif message["type"] == "http.response.body" and self._start is not None:
+            self._body += message.get("body", b"")
+            if message.get("more_body") and len(self._body) <= MAX_VALIDATION_BODY:
+                return
+            await self._flush(bool(message.get("more_body")))
+            return
+        await self._send(message)
+
+    async def _flush(self, more_body: bool) -> None:
+        start, body, self._start, self._body = self._start, self._body, None, b""
+        assert start is not None
+        reworded = None
+        if not more_body:
+            try:
+                reworded = plain_validation_error(json.loads(body))
+            except ValueError:
+                reworded = None
+        if reworded is not None:
+            body = json.dumps(reworded).encode()
+            headers = [(k, v) for k, v in start.get("headers") or [] if k != b"content-length"]
+            start = {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body, "more_body": more_body})

@@ -270,6 +270,20 @@ class LLMRuntime:
             return False
         return await asyncio.to_thread(self.triton.is_ready)
 
+    def not_ready_reason(self) -> str:
+        """What /readyz says while the service is not ready."""
+        triton = self.triton
+        if triton is None or self._generator is None:
+            return "the model server is starting"
+        failure = triton.failure
+        if triton.state is ServerState.FAILED:
+            return f"the model server failed and is not restarted: {failure or 'see the log'}"
+        if triton.state is ServerState.RESTARTING:
+            return f"the model server is restarting ({failure or 'it stopped answering'})"
+        if triton.state is ServerState.READY:
+            return "the model server does not answer its readiness check"
+        return f"the model server is {triton.state.value}"
+
     def triton_metrics_url(self) -> str | None:
         """Triton's loopback metrics URL, or None while it is not running."""
         triton = self.triton

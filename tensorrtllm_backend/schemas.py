@@ -99,7 +99,13 @@ class SamplingParams(BaseModel):
 
 
 class GenerateRequest(SamplingParams):
-    """Input of the native `generate` / `generate_text` APIs."""
+    """Input of the native `generate` / `generate_text` APIs.
+
+    Strict, as the API edge: `"max_tokens": "10"` or `"ignore_eos": "yes"` is an error the client
+    sees, not a value quietly converted (a JSON integer still fills a float field).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
     lora: str | None = Field(

@@ -28,12 +28,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
+from .load_failures import deterministic_failures, read_load_failures
+from .stub_python import (
+    STUB_NAME,
+    Interpreter,
+    StubPython,
+    StubPythonError,
+    apply_stub_python,
+    describe,
+    plan_stub_python,
+)
 from .stub_watch import StubWatch
 
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+TRITON_DEFAULT_BACKENDS = Path("/opt/tritonserver/backends")  # tritonserver's built-in default
 ENV_TRITONSERVER = "TRTLLM_TRITONSERVER"
 ENV_BACKEND_DIR = "TRTLLM_TRITON_BACKEND_DIR"
 ENV_BACKEND_PYTHONPATH = "TRTLLM_BACKEND_PYTHONPATH"
@@ -48,6 +59,15 @@ class TritonError(RuntimeError):
 
 class TritonStartupError(TritonError):
     """tritonserver exited or did not become ready; the message carries its log tail."""
+
+
+class TritonSetupError(TritonStartupError):
+    """Starting again would fail the same way (the service's setup is wrong): never retried."""
+
+
+class TritonModelLoadError(TritonSetupError):
+    """A model failed to load for a reason that starting again does not change (an import
+    error, a bad config.pbtxt, model.py raising in initialize)."""
 
 
 class ServerState(str, enum.Enum):
@@ -65,6 +85,11 @@ class TritonInstallation:
     binary: Path
     backend_dir: Path | None = None
     library_dirs: tuple[Path, ...] = ()
+
+    @property
+    def python_stub(self) -> Path:
+        """The stub tritonserver starts for each python model instance."""
+        return (self.backend_dir or TRITON_DEFAULT_BACKENDS) / "python" / STUB_NAME
 
 
 @dataclass(frozen=True)
@@ -153,6 +178,11 @@ def default_python_paths() -> list[str]:
     return [*_site_packages(), str(PROJECT_ROOT)]
 
 
+def default_cache_root() -> Path:
+    """Where the service keeps the small files it derives on this machine (symlink farms)."""
+    return Path(tempfile.gettempdir()) / f"bentotrtllm-{os.getuid()}"
+
+
 def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
     try:
         import pytriton  # type: ignore[import-not-found]
@@ -160,15 +190,23 @@ def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
         return None
     package_dir = Path(pytriton.__file__).resolve().parent / "tritonserver"
     binary = package_dir / "bin" / "tritonserver"
-    stub = (
-        package_dir
-        / "python_backend_stubs"
-        / f"{sys.version_info.major}.{sys.version_info.minor}"
-        / "triton_python_backend_stub"
-    )
+    stubs = package_dir / "python_backend_stubs"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = stubs / version / STUB_NAME
     python_backend = package_dir / "backends" / "python"
-    if not (binary.is_file() and stub.is_file() and python_backend.is_dir()):
+    if not (binary.is_file() and python_backend.is_dir()):
         return None
+    if not stub.is_file():
+        have = sorted(
+            (p.parent.name for p in stubs.glob(f"*/{STUB_NAME}")),
+            key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()),
+        )
+        raise TritonSetupError(
+            f"nvidia-pytriton has Python backend stubs for Python {', '.join(have) or 'none'}, "
+            f"not for the Python {version} running this service ({sys.executable}): run the "
+            f"service with one of those versions, or set {ENV_TRITONSERVER} and "
+            f"{ENV_BACKEND_DIR} to a Triton whose python backend is built for {version}."
+        )
     # tritonserver looks for <backend_dir>/python/{libtriton_python.so,stub}: the wheel keeps the
     # stubs apart per Python version, so assemble the directory it expects out of symlinks.
     backend_dir = (
@@ -204,7 +242,7 @@ def find_tritonserver(cache_root: Path | None = None) -> TritonInstallation:
         return TritonInstallation(Path(on_path), backend_dir)
     if os.access(NGC_TRITONSERVER, os.X_OK):
         return TritonInstallation(NGC_TRITONSERVER, backend_dir)
-    cache = cache_root or Path(tempfile.gettempdir()) / f"bentotrtllm-{os.getuid()}"
+    cache = cache_root or default_cache_root()
     installation = _pytriton_installation(cache)
     if installation is not None:
         return installation
@@ -347,6 +385,9 @@ class TritonSupervisor:
         self._ports: TritonPorts | None = None
         self._stubs: StubWatch | None = None  # the Python stubs of the current run
         self._check_stubs = True
+        self._stub_python: StubPython | None = None
+        self._stub_python_planned = False
+        self._failure: str | None = None  # why it is not ready, when it failed
         self._log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tritonserver-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -358,6 +399,13 @@ class TritonSupervisor:
     @property
     def restarts(self) -> int:
         return self._restarts
+
+    @property
+    def failure(self) -> str | None:
+        """Why tritonserver is down (FAILED) or being restarted (RESTARTING); None otherwise."""
+        return (
+            self._failure if self._state in (ServerState.FAILED, ServerState.RESTARTING) else None
+        )
 
     @property
     def ports(self) -> TritonPorts:
@@ -444,6 +492,7 @@ class TritonSupervisor:
             self._launch_until_ready(ServerState.STARTING)
         except BaseException as error:  # reported to start()'s caller
             self._startup_error = error
+            self._failure = str(error)
             self._set_state(ServerState.FAILED)
             self._start_done.set()
             return
@@ -472,6 +521,7 @@ class TritonSupervisor:
                 code,
                 _tail(run.log_path, 20),
             )
+            self._failure = f"tritonserver exited unexpectedly (code {code})"
             self._ready_event.clear()
             self._terminate(run, 2.0)  # reap leftovers of its process group
             if not self.config.restart:
@@ -484,8 +534,15 @@ class TritonSupervisor:
                     self._launch_until_ready(ServerState.RESTARTING)
                     backoff = 1.0
                     break
+                except TritonSetupError as error:
+                    # The same models fail the same way at every start: stop here.
+                    logger.error("tritonserver cannot be restarted: %s", error)
+                    self._failure = str(error)
+                    self._set_state(ServerState.FAILED)
+                    return
                 except TritonError as error:
                     logger.error("restarting tritonserver failed: %s", error)
+                    self._failure = f"restarting tritonserver failed: {error}"
                     if self._stop_event.wait(backoff):
                         return
                     backoff = min(backoff * 2, self.config.max_restart_backoff_s)
@@ -536,6 +593,7 @@ class TritonSupervisor:
                 if "already in use" in str(error) or "Address in use" in str(error):
                     continue  # lost a port race: pick new free ports
                 raise
+            self._failure = None
             self._set_state(ServerState.READY)
             self._ready_event.set()
             return
@@ -560,7 +618,29 @@ class TritonSupervisor:
             default_python_paths() if paths is None else paths
         )
         _hide_virtualenv(env)
+        plan = self._plan_stub_python(installation, env)
+        if plan is not None:
+            apply_stub_python(plan, env, default_cache_root())
         return env
+
+    def _plan_stub_python(
+        self, installation: TritonInstallation, env: dict[str, str]
+    ) -> StubPython | None:
+        """Once per supervisor: the libpython / stdlib pair of the python backend stub."""
+        if self._stub_python_planned:
+            return self._stub_python
+        stub = installation.python_stub
+        if stub.is_file():  # else no python backend here: nothing to pair
+            try:
+                self._stub_python = plan_stub_python(
+                    stub, Interpreter.current(), env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+                )
+            except StubPythonError as error:
+                raise TritonSetupError(str(error)) from None
+            if self._stub_python is not None:
+                logger.info("python models run on %s", describe(self._stub_python))
+        self._stub_python_planned = True
+        return self._stub_python
 
     def _spawn(self, ports: TritonPorts) -> _Run:
         if self._installation is None:
@@ -588,15 +668,20 @@ class TritonSupervisor:
 
     def _wait_until_ready(self, run: _Run) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
+        polls = 0
         while time.monotonic() < deadline:
             if self._stop_event.is_set():
                 raise TritonStartupError("stopped while tritonserver was starting")
             code = run.process.poll()
             if code is not None:
+                self._raise_if_a_model_failed(run)
                 raise TritonStartupError(
                     f"tritonserver exited with code {code} before it was ready. "
                     f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
                 )
+            polls += 1
+            if polls % 5 == 0:  # a failed model may leave tritonserver up (explicit loading)
+                self._raise_if_a_model_failed(run)
             if probe_ready(run.ports, timeout=1.0):
                 logger.info(
                     "tritonserver ready in %.1f s (grpc %s:%d)",
@@ -610,6 +695,26 @@ class TritonSupervisor:
             f"tritonserver was not ready after {self.config.startup_timeout_s:.0f} s. "
             f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
         )
+
+    @staticmethod
+    def _raise_if_a_model_failed(run: _Run) -> None:
+        failures = deterministic_failures(read_load_failures(run.log_path))
+        if failures:
+            try:  # tritonserver normally exits on its own right after: let its log end
+                code: int | None = run.process.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                code = None
+            what = (
+                "tritonserver is not ready"
+                if code is None
+                else f"tritonserver exited with code {code} before it was ready"
+            )
+            reasons = "\n".join(f"- {failure}" for failure in failures)
+            raise TritonModelLoadError(
+                f"{what}: {len(failures)} model(s) failed to load, and starting again would "
+                f"fail the same way:\n{reasons}\n"
+                f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
+            )
 
     def _terminate(self, run: _Run, timeout_s: float) -> None:
         """SIGTERM the process group, SIGKILL it after a grace period; always reap."""

@@ -28,6 +28,7 @@ from .server import (
     ServerState,
     TritonPorts,
     TritonServerConfig,
+    TritonSetupError,
     TritonStartupError,
     TritonSupervisor,
     probe_ready,
@@ -87,6 +88,7 @@ class SharedTriton:
         self._guard = threading.Lock()  # takeover vs stop
         self._starting: TritonSupervisor | None = None
         self._takeover: threading.Thread | None = None
+        self._failure: str | None = None  # a takeover that cannot succeed
 
     # -- what the runtime uses ------------------------------------------------------------------
     @property
@@ -107,6 +109,8 @@ class SharedTriton:
         if supervisor is not None:
             return supervisor.state
         # Another worker's: whether it answers is what is_ready() finds out.
+        if self._failure is not None:
+            return ServerState.FAILED
         return ServerState.STOPPED if self._stopping.is_set() else ServerState.READY
 
     def is_ready(self) -> bool:
@@ -114,6 +118,12 @@ class SharedTriton:
         if supervisor is not None:
             return supervisor.is_ready()
         return probe_ready(self.ports, timeout=1.0)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the tritonserver this worker runs is down or restarting (None for another's)."""
+        supervisor = self.supervisor
+        return supervisor.failure if supervisor is not None else self._failure
 
     def start(self) -> None:
         """Run tritonserver or find the worker that does; block until it is ready."""
@@ -214,6 +224,10 @@ class SharedTriton:
                         self.grpc_url,
                     )
                     return
+            except TritonSetupError as error:  # would fail the same way every second
+                logger.error("cannot take over tritonserver, not trying again: %s", error)
+                self._failure = str(error)
+                return
             except Exception as error:  # this thread must go on watching whatever happens
                 if self._stopping.is_set():
                     return

@@ -62,6 +62,10 @@ def _openai(name: str, body: dict[str, Any] | bytes, expect: str, *status: int,
 
 
 _DROP = object()  # marks a field to remove from the OpenAI base request
+# pydantic's words for a value of the wrong type (strict: no coercion), lower-cased
+INT, BOOL, NUM, STR = (
+    f"input should be a valid {t}" for t in ("integer", "boolean", "number", "string")
+)
 
 NATIVE_CASES = [
     *_native("prompt-wrong-type", {"prompt": 123}, "prompt"),
@@ -146,6 +150,16 @@ NATIVE_CASES = [
         },
         "does not compile",
     ),  # fmt: skip
+    # No coercion from strings (or numbers) to booleans and numbers; the message names the field.
+    *_native(
+        "max-tokens-numeric-string", {"prompt": "hi", "max_tokens": "10"}, f"max_tokens: {INT}"
+    ),
+    *_native("max-tokens-float", {"prompt": "hi", "max_tokens": 10.0}, f"max_tokens: {INT}"),
+    *_native("ignore-eos-yes", {"prompt": "hi", "ignore_eos": "yes"}, f"ignore_eos: {BOOL}"),
+    *_native("ignore-eos-one", {"prompt": "hi", "ignore_eos": 1}, f"ignore_eos: {BOOL}"),
+    *_native("temperature-string", {"prompt": "hi", "temperature": "0.5"}, f"temperature: {NUM}"),
+    *_native("seed-bool", {"prompt": "hi", "seed": True}, f"seed: {INT}"),
+    *_native("stop-word-number", {"prompt": "hi", "stop": [1]}, f"stop[0]: {STR}"),
 ]
 
 OPENAI_CASES = [
@@ -340,6 +354,29 @@ CASES = NATIVE_CASES + OPENAI_CASES
 def _check(case: Case, response: httpx.Response) -> None:
     assert response.status_code in case.status, (case.name, response.status_code, response.text)
     assert case.expect in response.text.lower(), (case.name, response.text[:500])
+
+
+def test_native_validation_errors_name_the_field_not_the_schema_class(
+    demo_server: BentoServer,
+) -> None:
+    for path in ("/generate", "/generate_text"):
+        response = httpx.post(
+            demo_server.url + path, json={"prompt": "hi", "max_tokens": "10"}, timeout=TIMEOUT
+        )
+        assert response.status_code == 400, response.text
+        body = response.json()
+        assert body["error"] == "max_tokens: Input should be a valid integer", body
+        assert "IODescriptor" not in response.text
+
+
+def test_json_integer_fills_a_float_field(demo_server: BentoServer) -> None:
+    response = httpx.post(
+        f"{demo_server.url}/generate_text",
+        json={"prompt": "Once upon a time", "max_tokens": 2, "temperature": 1, "top_p": 1},
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] >= 1
 
 
 def test_table_is_big_enough(demo_server: BentoServer) -> None:

@@ -411,8 +411,9 @@ def test_triton_failing_to_load_the_model_shows_its_log(
     tag = _broken_copy(synthetic_model, "trtllm-broken-mode", tmp_path, bad_mode)
     server = bento_launcher(tag)
     # The service's own check passes; tritonserver's CPU engine refuses: the error must carry
-    # the cause from Triton's log.
-    _fails_clearly(server, ("TritonStartupError", "warp-drive", "tensorrt_llm"))
+    # the cause from Triton's log, and it ends the start (no worker started again).
+    _fails_clearly(server, ("TritonModelLoadError", "warp-drive", "model 'tensorrt_llm'"))
+    assert wait_for(lambda: server.process.poll() is not None, 30), "serve kept running"
     # Each failed start is printed once (BentoML's logging printed server errors twice).
     log = wait_for_log(server, "Application startup failed")
     assert log.count("Traceback (most recent call last)") <= log.count("Running startup hook")

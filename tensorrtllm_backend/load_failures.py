@@ -1,0 +1,78 @@
+"""Read why Triton could not load a model out of its log, and whether starting it again can help.
+
+A model whose model.py cannot import its dependencies, whose config.pbtxt does not parse, or
+whose `initialize` raises fails the same way at every start: restarting tritonserver for it only
+loops. Out-of-memory is the exception (the memory of a previous tritonserver may not be released
+yet), so such a failure stays a reason to try again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_FAILURES = (
+    re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?P<reason>.+)"),
+    re.compile(r"Poll failed for model directory '(?P<model>[^']+)': (?P<reason>.+)"),
+    re.compile(r"failed to load model '(?P<model>[^']+)': (?P<reason>.+)"),
+)
+_TRANSIENT = re.compile(r"out of memory|\bOOM\b|CUDA_ERROR_OUT_OF_MEMORY", re.IGNORECASE)
+MAX_REASON_CHARS = 600
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    model: str
+    reason: str  # the first lines of Triton's message, without the Python traceback
+
+    @property
+    def deterministic(self) -> bool:
+        return not _TRANSIENT.search(self.reason)
+
+    def __str__(self) -> str:
+        return f"model '{self.model}' failed to load: {self.reason}"
+
+
+def _clean(reason: str) -> str:
+    """Triton logs the message quoted with escaped newlines; a Python error is followed by
+    "At:" and the traceback, which the model's log already has."""
+    text = reason.strip().removesuffix('"').replace("\\n", "\n").replace('\\"', '"')
+    text = text.split("\n\nAt:", 1)[0].strip()
+    if len(text) > MAX_REASON_CHARS:
+        text = text[: MAX_REASON_CHARS - 3] + "..."
+    return text
+
+
+def parse_load_failures(log_text: str) -> list[LoadFailure]:
+    """Every model-load failure of a Triton log, one per model (the last wins)."""
+    found: dict[str, LoadFailure] = {}
+    for line in log_text.splitlines():
+        for pattern in _FAILURES:
+            match = pattern.search(line)
+            if match:
+                model = match["model"]
+                found[model] = LoadFailure(model, _clean(match["reason"]))
+                break
+    return list(found.values())
+
+
+def read_load_failures(log_path: Path, max_bytes: int = 1024 * 1024) -> list[LoadFailure]:
+    """parse_load_failures of the end of a log file (empty if it cannot be read)."""
+    try:
+        with log_path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - max_bytes))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return parse_load_failures(text)
+
+
+def deterministic_failures(failures: list[LoadFailure]) -> list[LoadFailure]:
+    """The failures that would repeat at the next start (all of them, unless one is transient:
+    then the whole start may succeed once the transient cause is gone)."""
+    if not failures or any(not failure.deterministic for failure in failures):
+        return []
+    return failures
