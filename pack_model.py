@@ -365,6 +365,8 @@ def run(args: argparse.Namespace) -> str | None:
             route=args.route or "direct",
             loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()},
         )  # fmt: skip
+        for warning in pack.warnings:
+            _warn(warning)
         if not explicit_image:
             try:
                 check_runtime_compatibility(pack.engine, runtime)

@@ -20,18 +20,26 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
 from .engine import EngineInfo, check_runtime_compatibility, inspect_engine
 from .lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
 from .repository import TemplateError, fill_repository
+from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
+from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MANIFEST = "trtllm_model.json"
 ENGINES = "engines"
 TOKENIZER = "tokenizer"
 REPOSITORY = "model_repository"
+# Written at pack time for NVIDIA's C++ backend, which reads the vocabulary for guided decoding
+# from this file rather than from tokenizer_dir (relative: localized where the model is served).
+XGRAMMAR_TOKENIZER_INFO = f"{TOKENIZER}/{XGRAMMAR_INFO_FILE}"
 FORMAT = "bentotrtllm/1"
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -66,6 +74,7 @@ class PackPlan:
     route: str = "direct"
     source: str = "engine"
     loras: dict[str, Path] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def files(self) -> list[tuple[Path, Path]]:
         """(source file, path inside the model) for engines and tokenizer."""
@@ -140,10 +149,16 @@ def template_options(
         "accumulate_tokens": "false",
     }
     options.update(overrides or {})
+    if (
+        options["triton_backend"] == "tensorrtllm"
+        and options["guided_decoding_backend"]
+        and "xgrammar_tokenizer_info_path" not in (overrides or {})
+    ):
+        options["xgrammar_tokenizer_info_path"] = XGRAMMAR_TOKENIZER_INFO
     return options
 
 
-def _check_tokenizer(tokenizer_dir: Path) -> None:
+def _check_tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
     if not tokenizer_dir.is_dir():
         raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
     if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES[:5]):
@@ -159,6 +174,31 @@ def _check_tokenizer(tokenizer_dir: Path) -> None:
         raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
     if tokenizer.eos_token_id is None:
         raise PackError(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
+    return tokenizer
+
+
+def _check_xgrammar_info(
+    tokenizer: PreTrainedTokenizerBase,
+    options: dict[str, str],
+    overrides: Mapping[str, str],
+    warnings: list[str],
+) -> None:
+    """Make sure the C++ backend's tokenizer file can be written, before anything is stored.
+
+    A tokenizer without a tokenizer.json backend cannot be described to xgrammar. When guided
+    decoding was asked for explicitly that is an error; by default guided decoding is turned off
+    for the model instead (the service then refuses guided requests with a 400), with a warning.
+    """
+    if options.get("xgrammar_tokenizer_info_path") != XGRAMMAR_TOKENIZER_INFO:
+        return
+    try:
+        tokenizer_info(tokenizer)
+    except TokenizerInfoError as error:
+        if "guided_decoding_backend" in overrides:
+            raise PackError(f"--guided-decoding-backend xgrammar: {error}") from error
+        options["guided_decoding_backend"] = ""
+        del options["xgrammar_tokenizer_info_path"]
+        warnings.append(f"guided decoding turned off for this model: {error}")
 
 
 def plan(
@@ -179,9 +219,11 @@ def plan(
         check_runtime_compatibility(engine, runtime_version)
     except ValueError as error:
         raise PackError(str(error)) from error
-    _check_tokenizer(tokenizer_dir)
+    tokenizer = _check_tokenizer(tokenizer_dir)
     adapters = _check_loras(engine, loras or {})
     options = template_options(engine, option_overrides)
+    warnings: list[str] = []
+    _check_xgrammar_info(tokenizer, options, option_overrides or {}, warnings)
     with tempfile.TemporaryDirectory() as scratch:  # fill once now so bad options fail early
         try:
             fill_repository(Path(scratch) / REPOSITORY, options)
@@ -197,6 +239,7 @@ def plan(
         route=route,
         source=source,
         loras=adapters,
+        warnings=warnings,
     )
 
 
@@ -260,6 +303,8 @@ def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> 
     ) as progress:
         for src, rel in files:
             _link_or_copy(src, root / rel, progress)
+    if pack.options.get("xgrammar_tokenizer_info_path") == XGRAMMAR_TOKENIZER_INFO:
+        write_tokenizer_info(root / TOKENIZER, root / XGRAMMAR_TOKENIZER_INFO)
     fill_repository(root / REPOSITORY, pack.options)
     (root / MANIFEST).write_text(json.dumps(pack.manifest(), indent=2) + "\n")
 

@@ -246,12 +246,18 @@ class LLMRuntime:
         try:
             config = parse_config(config_file.read_text(), source=str(config_file))
             backend = config.parameters["guided_decoding_backend"].string_value.strip()
+            info = config.parameters["xgrammar_tokenizer_info_path"].string_value.strip()
         except (OSError, TemplateError, KeyError):
-            backend = ""
+            backend = info = ""
         if not backend or backend.startswith("${"):
             return (
                 "guided decoding is off for this model: pack it with "
                 "--guided-decoding-backend xgrammar"
+            )
+        if config.backend == "tensorrtllm" and (not info or info.startswith("${")):
+            return (
+                "guided decoding is off for this model: NVIDIA's C++ backend needs "
+                "xgrammar_tokenizer_info_path, which pack_model.py fills; repack the model"
             )
         if importlib.util.find_spec("xgrammar") is None:
             return "guided decoding needs the xgrammar package in the service's environment"

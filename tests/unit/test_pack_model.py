@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,9 @@ import pytest
 import pack_model
 from tensorrtllm_backend import packing
 from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
-from tensorrtllm_backend.repository import parse_config
+from tensorrtllm_backend.repository import localize_repository, parse_config
+from tensorrtllm_backend.tokenization import load_tokenizer
+from tensorrtllm_backend.xgrammar_info import tokenizer_info
 
 OLD_IMAGE = "nvcr.io/nvidia/tritonserver:24.03-trtllm-python-py3"  # TensorRT-LLM 0.8.0
 MATCHING_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-trtllm-python-py3"  # TensorRT-LLM 0.12.0
@@ -261,7 +264,74 @@ def test_guided_decoding_can_be_turned_off(engine_dir, demo_checkpoint, name, ca
         "--name", name, "--guided-decoding-backend", "off", "--dry-run",
     )  # fmt: skip
     assert code == 0
-    assert "guided_decoding_backend=," in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "guided_decoding_backend=," in out
+    assert "xgrammar_tokenizer_info_path" not in out  # no file for the C++ backend either
+
+
+def test_cpp_backend_gets_the_xgrammar_tokenizer_file(packed: bentoml.Model, tmp_path) -> None:
+    root = Path(packed.path)
+    stored = parse_config((root / packing.REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text())
+    value = stored.parameters["xgrammar_tokenizer_info_path"].string_value
+    assert value == "tokenizer/xgrammar_tokenizer_info.json"  # relative: localized at start
+    info = json.loads((root / value).read_text(encoding="utf-8"))
+    assert info == tokenizer_info(load_tokenizer(root / packing.TOKENIZER))
+    # The model served from elsewhere: the path resolves to the file of that copy.
+    moved = Path(shutil.copytree(root, tmp_path / "served" / "model"))
+    repository = localize_repository(moved / packing.REPOSITORY, tmp_path / "repo", moved)
+    served = parse_config((repository / "tensorrt_llm" / "config.pbtxt").read_text())
+    path = Path(served.parameters["xgrammar_tokenizer_info_path"].string_value)
+    assert path == moved / value
+    assert json.loads(path.read_text(encoding="utf-8")) == info
+
+
+def test_guides_need_the_xgrammar_tokenizer_file_on_the_cpp_backend(
+    packed: bentoml.Model, engine_dir, demo_checkpoint, capsys
+) -> None:
+    from tensorrtllm_backend.runtime import LLMRuntime
+
+    assert LLMRuntime(Path(packed.path))._guides_unsupported() is None
+    # Left empty on purpose (as in a model packed without it): guided requests are refused.
+    code = run_pack("--engine-dir", str(engine_dir), "--tokenizer-dir", str(demo_checkpoint),
+                    "--name", packed.tag.name, "--tag", "v2", "--fill",
+                    "xgrammar_tokenizer_info_path=")  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    without = bentoml.models.get(f"{packed.tag.name}:v2")
+    try:
+        assert not (Path(without.path) / packing.XGRAMMAR_TOKENIZER_INFO).exists()
+        reason = LLMRuntime(Path(without.path))._guides_unsupported()
+        assert reason is not None and "xgrammar_tokenizer_info_path" in reason
+    finally:
+        bentoml.models.delete(str(without.tag))
+
+
+@pytest.fixture
+def slow_tokenizer(tmp_path: Path) -> Path:
+    """A real tokenizer with no tokenizer.json (ByT5's is pure Python)."""
+    from transformers import ByT5Tokenizer
+
+    ByT5Tokenizer().save_pretrained(tmp_path / "byt5")
+    return tmp_path / "byt5"
+
+
+def test_slow_tokenizer_turns_guided_decoding_off(engine_dir, slow_tokenizer, name, capsys) -> None:
+    code = run_pack("--engine-dir", str(engine_dir), "--tokenizer-dir", str(slow_tokenizer),
+                    "--name", name, "--dry-run")  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "warning: guided decoding turned off for this model" in captured.err
+    assert "no tokenizer.json backend" in captured.err
+    assert "guided_decoding_backend=," in captured.out
+    assert "xgrammar_tokenizer_info_path" not in captured.out
+
+
+def test_slow_tokenizer_with_guided_decoding_asked_is_an_error(
+    engine_dir, slow_tokenizer, name, unchanged_store, capsys
+) -> None:
+    code = run_pack("--engine-dir", str(engine_dir), "--tokenizer-dir", str(slow_tokenizer),
+                    "--name", name, "--guided-decoding-backend", "xgrammar")  # fmt: skip
+    assert code == 2
+    assert "--guided-decoding-backend xgrammar: the tokenizer" in capsys.readouterr().err
 
 
 def test_packed_manifest_and_metadata(packed: bentoml.Model) -> None:
@@ -380,6 +450,9 @@ def test_hf_model_packs_a_cpu_engine(demo_checkpoint: Path, name: str, capsys) -
             (root / packing.REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text()
         )
         assert tensorrt_llm.backend == "python"
+        # The CPU engine guides from tokenizer_dir: no file for NVIDIA's C++ backend.
+        assert not tensorrt_llm.parameters["xgrammar_tokenizer_info_path"].string_value
+        assert not (root / packing.XGRAMMAR_TOKENIZER_INFO).exists()
         assert model.info.metadata["engine_kind"] == "cpu"
         assert model.info.metadata["engine_max_input_len"] == 128
         assert model.info.labels["source"] == "hf"
