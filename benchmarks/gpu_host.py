@@ -11,7 +11,7 @@ Phases (results go to DIR/gpu_host.json after each one):
 - workers: the service's /generate and /v1/completions at the same cell, for each --workers
   count, on --engine-instances engine instances: tokens/s, TTFT p50/p99, CPU of the service
   (BentoML processes), of tritonserver with its stubs, and of the load generator.
-- cells: stream_bench.py --cells 20:128,5:512 --targets grpc_direct,native,openai --rounds 2 for
+- cells: stream_bench.py --cells 20:128,5:512 (--cells) --targets grpc_direct,native,openai --rounds 2 for
   each --cells-workers count (its JSON is folded in).
 - breakdown: ttft_breakdown.py at ITL 20 ms, C=128 on this machine.
 - demo: pack_model --demo --demo-size 1b (random weights, hf mode: transformers on CUDA when a
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--engine-instances", type=int, default=8, help="workers/cells: engine instances")
     add("--workers", type=_ints, default=[1, 2, 4, 8], help="workers: service worker counts")
     add("--clients", type=int, default=4, help="load generator processes")
+    add("--cells", default="20:128,5:512", help="cells: stream_bench.py --cells")
     add("--cells-workers", type=_ints, default=[1, 4], help="cells: service worker counts")
     add("--cells-requests", type=int, default=512, help="cells: requests per target")
     add("--demo-size", default="1b", help="demo: pack_model --demo-size")
@@ -244,7 +245,7 @@ def phase_cells(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for workers in args.cells_workers:
         path = work / f"cells-w{workers}.json"
         code = _subprocess(
-            ["benchmarks/stream_bench.py", "--cells", "20:128,5:512",
+            ["benchmarks/stream_bench.py", "--cells", args.cells,
              "--targets", "grpc_direct,native,openai", "--requests", str(args.cells_requests),
              "--rounds", "2", "--workers", str(workers), "--no-cold-start", "--json", str(path)],
             {ENGINE_INSTANCES_ENV: str(args.engine_instances)}, 480,
