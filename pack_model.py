@@ -131,6 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
     cpu.add_argument(
         "--max-seq-len", type=int, help="default: 2048 (llmapi: max_position_embeddings)"
     )
+    cpu.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="--demo/--hf-model: where the transformers model runs at serve time (auto: CUDA "
+        "when a GPU is present). The stand-in on a GPU, not TensorRT-LLM.",
+    )
+    cpu.add_argument(
+        "--demo-size",
+        choices=["tiny", "1b"],
+        default="tiny",
+        help="--demo: random-weight Llama size (1b: a 1B Llama's layer shapes, ~2 GB in bf16)",
+    )
 
     llmapi = parser.add_argument_group("LLM API workflow (--workflow llmapi)")
     llmapi.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (default: 1)")
@@ -214,7 +227,7 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
     if args.demo:
         from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
 
-        checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint")
+        checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
         source = "demo"
     elif args.hf_model is not None:
         checkpoint = args.hf_model
@@ -245,7 +258,8 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
             engine_dir, mode="hf", checkpoint_dir=checkpoint,
             vocab_size=int(config.get("vocab_size") or len(tokenizer)),
             eos_token_id=int(tokenizer.eos_token_id),
-            architecture=(config.get("architectures") or ["CausalLM"])[0], **limits,
+            architecture=(config.get("architectures") or ["CausalLM"])[0],
+            device=args.device, **limits,
         )  # fmt: skip
     else:
         write_engine_dir(

@@ -27,6 +27,7 @@ from tensorrtllm_backend.deployment import (
     resources,
     share_triton_ports,
     tracing_config,
+    traffic,
 )
 from tensorrtllm_backend.errors import (
     NativeErrorMiddleware,
@@ -77,7 +78,7 @@ openai_app = build_openai_app(_current_openai)
     name="trtllm",
     workers=WORKERS,  # they share one tritonserver
     resources=resources(MODEL_TAG),
-    traffic={"timeout": 600},  # the in-flight bound is GuardMiddleware's (429 + Retry-After)
+    traffic=traffic(MODEL_TAG),  # timeout, concurrency (TRTLLM_CONCURRENCY)
     tracing=tracing_config(),
 )
 class TRTLLM:

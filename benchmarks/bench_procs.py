@@ -19,6 +19,7 @@ import httpx
 import psutil
 
 from tensorrtllm_backend.repository import localize_repository
+from tensorrtllm_backend.runtime import engine_instances
 from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor, find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,8 +153,9 @@ class Processes:
     # -- tritonserver through the project's supervisor -------------------------------------------
     def start_triton(self, model: PackedModel, label: str) -> TritonSupervisor:
         repository = localize_repository(
-            model.root / "model_repository", self.work_dir / f"repo-{label}", model.root
-        )
+            model.root / "model_repository", self.work_dir / f"repo-{label}", model.root,
+            engine_instances=engine_instances(),
+        )  # fmt: skip
         supervisor = TritonSupervisor(
             TritonServerConfig(
                 model_repository=repository, log_dir=self.logs / f"triton-{label}", restart=False,

@@ -52,6 +52,60 @@ def resources(tag: str) -> dict[str, Any]:
     return requested
 
 
+CONCURRENCY_ENV = "TRTLLM_CONCURRENCY"
+EXTERNAL_QUEUE_ENV = "TRTLLM_EXTERNAL_QUEUE"
+REQUEST_TIMEOUT_S = 600
+
+
+def _positive_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r}: give a whole number of requests, 1 or more")
+    return int(value)
+
+
+def _flag(name: str) -> bool | None:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={value!r}: give 1 or 0")
+
+
+def traffic(tag: str) -> dict[str, Any]:
+    """BentoML's traffic settings: the request timeout, and the concurrency one replica is sized
+    for.
+
+    `concurrency` is what BentoCloud's autoscaler compares with the requests in flight per
+    replica. TRTLLM_CONCURRENCY sets it; by default it is the engine's max_batch_size, the
+    sequences it decodes at once (requests beyond that wait in Triton's queue and only add
+    latency). TRTLLM_EXTERNAL_QUEUE=1 holds requests beyond `concurrency` in BentoCloud's queue
+    instead of sending them to a busy replica (it needs `concurrency`). The in-flight bound of
+    one worker is GuardMiddleware's (TRTLLM_MAX_IN_FLIGHT: 429 + Retry-After)."""
+    settings: dict[str, Any] = {"timeout": REQUEST_TIMEOUT_S}
+    concurrency = _positive_int(CONCURRENCY_ENV)
+    if concurrency is None:
+        try:
+            metadata = bentoml.models.get(tag).info.metadata
+        except bentoml.exceptions.NotFound:
+            metadata = {}
+        batch = metadata.get("engine_max_batch_size")
+        concurrency = int(batch) if isinstance(batch, int) and batch > 0 else None
+    if concurrency is not None:
+        settings["concurrency"] = concurrency
+    external_queue = _flag(EXTERNAL_QUEUE_ENV)
+    if external_queue:
+        if concurrency is None:
+            raise ValueError(f"{EXTERNAL_QUEUE_ENV}=1 needs {CONCURRENCY_ENV}")
+        settings["external_queue"] = True
+    return settings
+
+
 STREAMING_PATHS = ["/generate$", "/v1/completions$", "/v1/chat/completions$"]
 
 

@@ -375,13 +375,40 @@ def localize_config(config: model_config_pb2.ModelConfig, model_root: Path) -> l
     return changed
 
 
-def localize_repository(src: Path, dst: Path, model_root: Path, *, overwrite: bool = False) -> Path:
+def set_engine_instances(config: model_config_pb2.ModelConfig, count: int) -> bool:
+    """Run ``count`` instances of the CPU stand-in's ``tensorrt_llm`` model, in place.
+
+    Each instance is its own Python stub process with its own scheduler, so the stand-in's
+    response rate grows with the count (one stub sends at most a few thousand responses a
+    second). Triton spreads requests over the instances. NVIDIA's C++ backend batches in flight
+    inside one instance and is left alone. Returns whether the config changed.
+    """
+    if count < 1:
+        raise TemplateError(f"engine instances must be 1 or more, not {count}")
+    if config.name != "tensorrt_llm" or config.backend != "python":
+        return False
+    if len(config.instance_group) == 1 and config.instance_group[0].count == count:
+        return False
+    del config.instance_group[:]
+    config.instance_group.add(count=count, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    return True
+
+
+def localize_repository(
+    src: Path,
+    dst: Path,
+    model_root: Path,
+    *,
+    overwrite: bool = False,
+    engine_instances: int | None = None,
+) -> Path:
     """Copy the filled repository ``src`` to ``dst`` with relative path parameters made absolute.
 
     A repository stored with the model holds paths relative to the model's root (``engines``,
     ``tokenizer``); at service start they are resolved against where the model now lives. Configs
     are rewritten through protobuf (parse, modify, serialize), so comments are not kept; so is
     the llmapi model's ``1/model.yaml`` (its ``model`` checkpoint path).
+    ``engine_instances`` sets the CPU stand-in's instance count (see set_engine_instances).
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
@@ -392,7 +419,10 @@ def localize_repository(src: Path, dst: Path, model_root: Path, *, overwrite: bo
         for config_path in sorted(tmp.glob(f"*/{CONFIG_NAME}")):
             source = f"{config_path.parent.name}/{CONFIG_NAME}"
             config = parse_config(config_path.read_text(), source=source)
-            if localize_config(config, model_root):
+            changed = bool(localize_config(config, model_root))
+            if engine_instances is not None:
+                changed = set_engine_instances(config, engine_instances) or changed
+            if changed:
                 config_path.write_text(text_format.MessageToString(config))
         from .llmapi_repository import localize_model_yaml  # the llmapi model's settings
 

@@ -37,6 +37,7 @@ WORKERS_ENV = "TRTLLM_WORKERS"
 SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"  # where workers sharing a tritonserver keep its lock
 STREAM_INTERVAL_ENV = "TRTLLM_STREAM_INTERVAL"
 TOOL_PARSER_ENV = "TRTLLM_TOOL_PARSER"
+ENGINE_INSTANCES_ENV = "TRTLLM_ENGINE_INSTANCES"  # CPU stand-in: tensorrt_llm model instances
 
 
 def _env_count(name: str, what: str) -> int:
@@ -52,6 +53,14 @@ def _env_count(name: str, what: str) -> int:
 def worker_count() -> int:
     """HTTP worker processes (TRTLLM_WORKERS, default 1); they share one tritonserver."""
     return _env_count(WORKERS_ENV, "worker processes")
+
+
+def engine_instances() -> int | None:
+    """Instances of the CPU stand-in's tensorrt_llm model (TRTLLM_ENGINE_INSTANCES); None when
+    unset: the stored repository's count (1). TensorRT-LLM engines ignore it."""
+    if not os.environ.get(ENGINE_INSTANCES_ENV, "").strip():
+        return None
+    return _env_count(ENGINE_INSTANCES_ENV, "engine instances")
 
 
 def _env_port(name: str) -> int | None:
@@ -91,6 +100,7 @@ class RuntimeSettings:
     stream_interval: int = 1  # pieces per streamed HTTP message after the first (streaming.py)
     shared_dir: Path | None = None
     tool_parser: str | None = None  # the model's tool-call format; None: from its chat template
+    engine_instances: int | None = None  # CPU stand-in only; None: as stored
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -106,6 +116,7 @@ class RuntimeSettings:
             stream_interval=_env_count(STREAM_INTERVAL_ENV, "pieces per streamed message"),
             shared_dir=Path(os.environ[SHARED_DIR_ENV]) if os.environ.get(SHARED_DIR_ENV) else None,
             tool_parser=_tool_parser(),
+            engine_instances=engine_instances(),
         )
 
 
@@ -170,10 +181,13 @@ class LLMRuntime:
 
     async def start(self) -> None:
         self._run_dir = Path(tempfile.mkdtemp(prefix="trtllm-run-"))
-        repository = localize_repository(
-            self.model_root / REPOSITORY, self._run_dir / REPOSITORY, self.model_root
-        )
         settings = self.settings
+        repository = localize_repository(
+            self.model_root / REPOSITORY,
+            self._run_dir / REPOSITORY,
+            self.model_root,
+            engine_instances=settings.engine_instances,
+        )
         config = TritonServerConfig(
             model_repository=repository,
             grpc_port=settings.grpc_port,

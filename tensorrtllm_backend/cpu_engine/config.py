@@ -62,6 +62,8 @@ class CpuEngineSection(BaseModel):
     itl_ms: float = Field(default=0.0, ge=0)
     eos_token_id: int = 2
     seed: int = 0
+    # hf mode: where the transformers model runs; auto picks CUDA when torch sees a GPU.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @model_validator(mode="after")
     def _hf_needs_checkpoint(self) -> CpuEngineSection:
@@ -141,6 +143,7 @@ def write_engine_dir(
     seed: int = 0,
     architecture: str = "LlamaForCausalLM",
     dtype: str = "float32",
+    device: Literal["auto", "cpu", "cuda"] = "auto",
 ) -> Path:
     """Write a CPU engine dir. In hf mode with pack_checkpoint the checkpoint is linked/copied
     into <out_dir>/checkpoint so the engine dir is self-contained and relocatable."""
@@ -173,6 +176,7 @@ def write_engine_dir(
             itl_ms=itl_ms,
             eos_token_id=eos_token_id,
             seed=seed,
+            device=device,
         ),
     )
     (out / "config.json").write_text(

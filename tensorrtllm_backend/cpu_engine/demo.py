@@ -64,8 +64,32 @@ def train_tokenizer(corpus: Path = CORPUS, vocab_size: int = VOCAB_SIZE):
     return tokenizer
 
 
-def build_demo_checkpoint(out_dir: Path) -> Path:
-    """Write tokenizer + tiny Llama (safetensors) into out_dir, deterministically. Returns out_dir."""
+# Model shapes by --demo-size. "tiny" keeps tests fast; "1b" has the layer shapes of a 1B Llama
+# (hidden 2048, 16 layers, grouped-query attention 32/8 heads, MLP 8192) with the demo's small
+# vocabulary: ~0.9B random weights, to measure serving with real decoding work on a GPU.
+DEMO_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+}
+
+
+def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
+    """Write tokenizer + random-weight Llama (safetensors) into out_dir, deterministically.
+    Returns out_dir. Sizes other than tiny are stored in bf16 (half the bytes to write)."""
+    if size not in DEMO_SIZES:
+        raise ValueError(f"demo size {size!r}: choose one of {', '.join(DEMO_SIZES)}")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -89,22 +113,26 @@ def build_demo_checkpoint(out_dir: Path) -> Path:
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # known to transformers 4.x too
     config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
 
+    tiny = size == "tiny"
     config = LlamaConfig(
         vocab_size=len(hf_tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **DEMO_SIZES[size],
         max_position_embeddings=2048,
-        initializer_range=0.2,  # peaked logits: greedy ties are unlikely, outputs vary by prompt
+        # tiny: peaked logits, so greedy ties are unlikely and outputs vary by prompt; larger
+        # models keep the usual scale so deep stacks stay finite in bf16.
+        initializer_range=0.2 if tiny else 0.02,
         bos_token_id=hf_tokenizer.bos_token_id,
         eos_token_id=hf_tokenizer.eos_token_id,
         pad_token_id=hf_tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    if tiny:
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
+    else:  # initialising ~1B weights is quicker on a GPU, where there is one
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.save_pretrained(str(out))
     return out
 

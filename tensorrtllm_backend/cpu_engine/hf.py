@@ -1,4 +1,5 @@
-"""hf backend: a local transformers causal LM on CPU with per-request KV caches.
+"""hf backend: a local transformers causal LM with per-request KV caches, on the CPU or, where
+one is present, a CUDA GPU (the stand-in decoding on a GPU; TensorRT-LLM is not involved).
 
 Joining requests are prefilled one by one; all other active requests decode together in ONE
 batched forward per step: their caches are left-padded to a common length, masked, given
@@ -64,6 +65,17 @@ class _GuideStep:
                 req.guide_ended = True
 
 
+def resolve_device(device: str = "auto") -> str:
+    """ "auto": CUDA when torch sees a GPU, else the CPU; "cuda" without a GPU is an error."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device {device!r}: choose auto, cpu or cuda")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda: torch sees no CUDA GPU here (use auto or cpu)")
+    return device
+
+
 def default_num_threads() -> int:
     """Half the cores: the other half serves Triton, the stubs and the BentoML process."""
     return max(1, (os.cpu_count() or 2) // 2)
@@ -75,14 +87,19 @@ class HFBackend:
     ttft_s = 0.0
     itl_s = 0.0
 
-    def __init__(self, checkpoint_dir: str | Path, *, num_threads: int | None = None) -> None:
+    def __init__(
+        self, checkpoint_dir: str | Path, *, num_threads: int | None = None, device: str = "auto"
+    ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(num_threads or default_num_threads())
+        self.device = torch.device(resolve_device(device))
+        # bf16 on the GPU (its matrix units' format); float32 on the CPU, where bf16 is slow.
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
-            str(checkpoint_dir), local_files_only=True, dtype=torch.float32
-        )
+            str(checkpoint_dir), local_files_only=True, dtype=dtype
+        ).to(self.device)
         self.model.eval()
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
@@ -148,11 +165,12 @@ class HFBackend:
     def _prefill(self, req: GenRequest, state: _SeqState) -> torch.Tensor:
         from transformers import DynamicCache
 
-        ids = torch.tensor([req.prompt], dtype=torch.long)
+        ids = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
         state.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         state.length = len(req.prompt)
-        return out.logits[0, -1]
+        # Sampling runs on the CPU with the request's own seeded generator.
+        return out.logits[0, -1].float().cpu()
 
     def _decode(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
         """One batched forward of each request's last token over its left-padded cache."""
@@ -178,8 +196,10 @@ class HFBackend:
         mask = torch.ones((batch, longest + 1), dtype=torch.long)
         for row, length in enumerate(lengths):
             mask[row, : longest - length] = 0
-        input_ids = torch.tensor([[r.generated[-1]] for r in reqs], dtype=torch.long)
-        position_ids = torch.tensor([[length] for length in lengths], dtype=torch.long)
+        device = self.device
+        mask = mask.to(device)
+        input_ids = torch.tensor([[r.generated[-1]] for r in reqs], dtype=torch.long, device=device)
+        position_ids = torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -195,4 +215,5 @@ class HFBackend:
                 for k, v in new_layers
             ]
             s.length += 1
-        return [out.logits[row, -1] for row in range(batch)]
+        last = out.logits[:, -1].float().cpu()  # one copy for the batch, not one per row
+        return [last[row] for row in range(batch)]

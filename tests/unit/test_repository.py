@@ -327,3 +327,23 @@ def test_localize_rejects_a_missing_source(tmp_path: Path) -> None:
     with pytest.raises(TemplateError, match="not a model repository"):
         localize_repository(tmp_path / "nope", tmp_path / "run", tmp_path)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("backend", "expected"), [("python", 6), ("tensorrtllm", 1)])
+def test_engine_instances_apply_to_the_cpu_stand_in_only(
+    tmp_path: Path, backend: str, expected: int
+) -> None:
+    stored = fill_repository(tmp_path / "stored", {"triton_backend": backend})
+    out = localize_repository(stored, tmp_path / "run", tmp_path / "m", engine_instances=6)
+    groups = _read(out, "tensorrt_llm").instance_group
+    assert [(g.count, g.kind) for g in groups] == [
+        (expected, model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    ]
+    assert _read(out, "preprocessing").instance_group[0].count == 1
+
+
+def test_engine_instances_below_one_are_rejected(tmp_path: Path) -> None:
+    stored = fill_repository(tmp_path / "stored", {"triton_backend": "python"})
+    with pytest.raises(TemplateError, match="1 or more"):
+        localize_repository(stored, tmp_path / "run", tmp_path / "m", engine_instances=0)
+    assert not (tmp_path / "run").exists()

@@ -83,7 +83,7 @@ def _make_backend(config: EngineConfig) -> Backend:
         )
     from tensorrtllm_backend.cpu_engine.hf import HFBackend
 
-    return HFBackend(config.checkpoint_path())
+    return HFBackend(config.checkpoint_path(), device=section.device)
 
 
 class _EngineGuides:
