@@ -33,6 +33,7 @@ from tensorrtllm_backend.engine import (
     runtime_version_for_image,
 )
 from tensorrtllm_backend.packing import PackError, PackPlan, plan, staging_dir, store
+from tensorrtllm_backend.settings import load_settings
 
 DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
 LLMAPI_DEMO_NAME = "trtllm-llmapi-demo"
@@ -61,7 +62,7 @@ def _bentofile_image() -> str:
 
 
 def _default_image() -> str:
-    return os.environ.get("TRTLLM_BASE_IMAGE") or _bentofile_image()
+    return load_settings().base_image or _bentofile_image()
 
 
 def _warn(message: str) -> None:

@@ -38,13 +38,13 @@ from tensorrtllm_backend.errors import (
 )
 from tensorrtllm_backend.generation import PreparedRequest, RequestError
 from tensorrtllm_backend.guard import GuardMiddleware
-from tensorrtllm_backend.metrics_export import ENABLED as TRITON_METRICS_EXPORT
 from tensorrtllm_backend.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.server import TritonSetupError
+from tensorrtllm_backend.settings import load_settings
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 logger = logging.getLogger("bentoml.trtllm")
@@ -179,5 +179,5 @@ def _triton_metrics_url() -> str | None:
     return service.runtime.triton_metrics_url() if service is not None else None
 
 
-if TRITON_METRICS_EXPORT:
+if load_settings().export_triton_metrics:
     TRTLLM.mount_asgi_app(build_triton_metrics_app(_triton_metrics_url), path="/triton")

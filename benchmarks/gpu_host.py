@@ -45,7 +45,8 @@ from benchmarks.bench_procs import ROOT, PackedModel, Processes, Service, _is_tr
 from benchmarks.bench_stats import TargetSummary, format_number
 from benchmarks.multi_load import LoadSpec, run_multi
 from benchmarks.stream_bench import openai_model_name, spawn_trtllm
-from tensorrtllm_backend.runtime import ENGINE_INSTANCES_ENV
+
+ENGINE_INSTANCES_ENV = "TRTLLM_ENGINE_INSTANCES"
 
 PHASES = ("engine", "workers", "cells", "breakdown", "demo")
 DEMO_PROMPT = "Request {}: write a long story about a lighthouse keeper and the sea."

@@ -18,8 +18,8 @@ from typing import Any
 import bentoml
 
 from .packing import FORMAT
-from .runtime import PORT_ENVS, SHARED_DIR_ENV
 from .server import find_free_port
+from .settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
 
 DEFAULT_MODEL = "trtllm-demo:latest"
 
@@ -27,7 +27,7 @@ DEFAULT_MODEL = "trtllm-demo:latest"
 def model_tag() -> str:
     """$TRTLLM_MODEL; else the only packed model in the store (as inside a built Bento); else
     the demo model."""
-    explicit = os.environ.get("TRTLLM_MODEL")
+    explicit = load_settings().model
     if explicit:
         return explicit
     names = {
@@ -47,34 +47,13 @@ def resources(tag: str) -> dict[str, Any]:
     if metadata.get("engine_kind") == "cpu":
         return {"cpu": "2"}
     requested: dict[str, Any] = {"gpu": int(metadata.get("engine_world_size", 1))}
-    if os.environ.get("TRTLLM_GPU_TYPE"):  # BentoCloud names, e.g. nvidia-l4, nvidia-a100-80gb
-        requested["gpu_type"] = os.environ["TRTLLM_GPU_TYPE"]
+    gpu_type = load_settings().gpu_type  # BentoCloud names, e.g. nvidia-l4, nvidia-a100-80gb
+    if gpu_type:
+        requested["gpu_type"] = gpu_type
     return requested
 
 
-CONCURRENCY_ENV = "TRTLLM_CONCURRENCY"
-EXTERNAL_QUEUE_ENV = "TRTLLM_EXTERNAL_QUEUE"
 REQUEST_TIMEOUT_S = 600
-
-
-def _positive_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r}: give a whole number of requests, 1 or more")
-    return int(value)
-
-
-def _flag(name: str) -> bool | None:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return None
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={value!r}: give 1 or 0")
 
 
 def traffic(tag: str) -> dict[str, Any]:
@@ -87,8 +66,9 @@ def traffic(tag: str) -> dict[str, Any]:
     latency). TRTLLM_EXTERNAL_QUEUE=1 holds requests beyond `concurrency` in BentoCloud's queue
     instead of sending them to a busy replica (it needs `concurrency`). The in-flight bound of
     one worker is GuardMiddleware's (TRTLLM_MAX_IN_FLIGHT: 429 + Retry-After)."""
+    env = load_settings()
     settings: dict[str, Any] = {"timeout": REQUEST_TIMEOUT_S}
-    concurrency = _positive_int(CONCURRENCY_ENV)
+    concurrency = env.concurrency
     if concurrency is None:
         try:
             metadata = bentoml.models.get(tag).info.metadata
@@ -98,10 +78,9 @@ def traffic(tag: str) -> dict[str, Any]:
         concurrency = int(batch) if isinstance(batch, int) and batch > 0 else None
     if concurrency is not None:
         settings["concurrency"] = concurrency
-    external_queue = _flag(EXTERNAL_QUEUE_ENV)
-    if external_queue:
+    if env.external_queue:
         if concurrency is None:
-            raise ValueError(f"{EXTERNAL_QUEUE_ENV}=1 needs {CONCURRENCY_ENV}")
+            raise ValueError("TRTLLM_EXTERNAL_QUEUE=1 needs TRTLLM_CONCURRENCY")
         settings["external_queue"] = True
     return settings
 
@@ -113,19 +92,12 @@ def tracing_config() -> dict[str, Any]:
     """OpenTelemetry's ASGI middleware opens a span for every HTTP body message, i.e. per streamed
     chunk: that costs ~10% of the serving CPU. Streaming paths are left out of tracing unless
     TRTLLM_TRACE_STREAMS=1."""
-    if os.environ.get("TRTLLM_TRACE_STREAMS", "").lower() in ("1", "true", "yes"):
+    if load_settings().trace_streams:
         return {}
     return {"excluded_urls": STREAMING_PATHS}
 
 
-KEEP_ALIVE_ENV = "TRTLLM_HTTP_KEEPALIVE_S"
-DEFAULT_KEEP_ALIVE_S = 75
 _UVICORN_DEFAULT_KEEP_ALIVE_S = 5  # also what `bentoml serve` passes when not told otherwise
-
-
-def keep_alive_timeout() -> int:
-    value = os.environ.get(KEEP_ALIVE_ENV, "")
-    return int(value) if value.strip() else DEFAULT_KEEP_ALIVE_S
 
 
 def lengthen_keep_alive() -> None:
@@ -144,7 +116,7 @@ def lengthen_keep_alive() -> None:
     original = uvicorn.Config.__init__
     if getattr(original, "_trtllm_keep_alive", False):
         return
-    timeout = keep_alive_timeout()
+    timeout = load_settings().http_keepalive_s
 
     @functools.wraps(original)
     def init(self: uvicorn.Config, *args: Any, **kwargs: Any) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .settings import load_settings
 
 OPEN_PATHS = frozenset(
     {"/livez", "/readyz", "/healthz", "/metrics", "/triton/metrics", "/docs", "/docs.json", "/"}
@@ -30,10 +31,11 @@ class GuardSettings:
 
     @classmethod
     def from_env(cls) -> GuardSettings:
+        env = load_settings()
         return cls(
-            api_key=os.environ.get("TRTLLM_API_KEY") or None,
-            max_in_flight=int(os.environ.get("TRTLLM_MAX_IN_FLIGHT", "1024")),
-            max_body_bytes=int(os.environ.get("TRTLLM_MAX_REQUEST_BYTES", str(4 * 1024 * 1024))),
+            api_key=env.api_key.get_secret_value() if env.api_key else None,
+            max_in_flight=env.max_in_flight,
+            max_body_bytes=env.max_request_bytes,
         )
 
 

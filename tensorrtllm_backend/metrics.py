@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-import os
 import time
 from typing import Any
 
+from .settings import load_settings
+
 request_log = logging.getLogger("bentoml.trtllm.requests")
-LOG_REQUESTS = os.environ.get("TRTLLM_LOG_REQUESTS", "1").lower() not in ("0", "false", "no")
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -41,6 +41,7 @@ class GenerationMetrics:
     def __init__(self, namespace: str = "trtllm") -> None:
         import prometheus_client as prom
 
+        self.log_requests = load_settings().log_requests  # TRTLLM_LOG_REQUESTS
         self.time_to_first_token = prom.Histogram(
             f"{namespace}_time_to_first_token_seconds",
             "Time from request to its first generated token.",
@@ -185,7 +186,7 @@ class RequestTracker:
         metrics.completion_tokens.labels(api).inc(self.generated)
         metrics.requests.labels(api, self.finish).inc()
         metrics.request_duration.labels(api).observe(duration)
-        if LOG_REQUESTS:
+        if metrics.log_requests:
             # key=value pairs, one line per request; never the prompt or the output.
             request_log.info(
                 "request_id=%s api=%s finish=%s prompt_tokens=%d completion_tokens=%d "

@@ -6,7 +6,6 @@ BentoML port, so one scrape target covers both (GPU, KV cache, queue and our eng
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import httpx
@@ -14,8 +13,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-
-ENABLED = os.environ.get("TRTLLM_EXPORT_TRITON_METRICS", "").lower() in ("1", "true", "yes")
 
 
 def build_triton_metrics_app(metrics_url: Callable[[], str | None]) -> Starlette:

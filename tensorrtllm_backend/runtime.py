@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -19,71 +18,26 @@ from .generation import ROUTE_MODELS, EngineLimits, Generator, Route
 from .guided import GuideCompiler
 from .lora import LoraRegistry
 from .metrics import generation_metrics
-from .openai_api.tool_parsers import FORMATS
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
 from .server import ServerState, TritonServerConfig, TritonSupervisor
+from .settings import load_settings
 from .sharing import SharedTriton
 from .tokenization import load_tokenizer
 from .watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 
-GRPC_PORT_ENV = "TRTLLM_TRITON_GRPC_PORT"
-HTTP_PORT_ENV = "TRTLLM_TRITON_HTTP_PORT"
-METRICS_PORT_ENV = "TRTLLM_TRITON_METRICS_PORT"
-PORT_ENVS = (GRPC_PORT_ENV, HTTP_PORT_ENV, METRICS_PORT_ENV)
-WORKERS_ENV = "TRTLLM_WORKERS"
-SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"  # where workers sharing a tritonserver keep its lock
-STREAM_INTERVAL_ENV = "TRTLLM_STREAM_INTERVAL"
-TOOL_PARSER_ENV = "TRTLLM_TOOL_PARSER"
-ENGINE_INSTANCES_ENV = "TRTLLM_ENGINE_INSTANCES"  # CPU stand-in: tensorrt_llm model instances
-
-
-def _env_count(name: str, what: str) -> int:
-    """A whole number >= 1 from the environment; 1 when unset."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return 1
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r}: give a number of {what}, 1 or more")
-    return int(value)
-
 
 def worker_count() -> int:
     """HTTP worker processes (TRTLLM_WORKERS, default 1); they share one tritonserver."""
-    return _env_count(WORKERS_ENV, "worker processes")
+    return load_settings().workers
 
 
 def engine_instances() -> int | None:
     """Instances of the CPU stand-in's tensorrt_llm model (TRTLLM_ENGINE_INSTANCES); None when
     unset: the stored repository's count (1). TensorRT-LLM engines ignore it."""
-    if not os.environ.get(ENGINE_INSTANCES_ENV, "").strip():
-        return None
-    return _env_count(ENGINE_INSTANCES_ENV, "engine instances")
-
-
-def _env_port(name: str) -> int | None:
-    value = os.environ.get(name)
-    if not value:
-        return None
-    try:
-        port = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a port number") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"{name}={value} is out of range 1-65535")
-    return port
-
-
-def _tool_parser() -> str | None:
-    value = os.environ.get(TOOL_PARSER_ENV, "").strip()
-    if not value:
-        return None
-    known = (*FORMATS, "none")
-    if value not in known:
-        raise ValueError(f"{TOOL_PARSER_ENV}={value!r}: give one of {', '.join(known)}")
-    return value
+    return load_settings().engine_instances
 
 
 @dataclass(frozen=True)
@@ -101,22 +55,24 @@ class RuntimeSettings:
     shared_dir: Path | None = None
     tool_parser: str | None = None  # the model's tool-call format; None: from its chat template
     engine_instances: int | None = None  # CPU stand-in only; None: as stored
+    served_model_name: str | None = None  # None: the stored model's name
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
-        route = os.environ.get("TRTLLM_ROUTE")
+        env = load_settings()
         return cls(
-            route=Route(route) if route else None,
-            grpc_port=_env_port(GRPC_PORT_ENV),
-            http_port=_env_port(HTTP_PORT_ENV),
-            metrics_port=_env_port(METRICS_PORT_ENV),
-            startup_timeout_s=float(os.environ.get("TRTLLM_STARTUP_TIMEOUT_S", "600")),
-            stall_timeout_s=float(os.environ.get("TRTLLM_STALL_TIMEOUT_S", "120")),
-            workers=worker_count(),
-            stream_interval=_env_count(STREAM_INTERVAL_ENV, "pieces per streamed message"),
-            shared_dir=Path(os.environ[SHARED_DIR_ENV]) if os.environ.get(SHARED_DIR_ENV) else None,
-            tool_parser=_tool_parser(),
-            engine_instances=engine_instances(),
+            route=Route(env.route) if env.route else None,
+            grpc_port=env.triton_grpc_port,
+            http_port=env.triton_http_port,
+            metrics_port=env.triton_metrics_port,
+            startup_timeout_s=env.startup_timeout_s,
+            stall_timeout_s=env.stall_timeout_s,
+            workers=env.workers,
+            stream_interval=env.stream_interval,
+            shared_dir=env.shared_dir,
+            tool_parser=env.tool_parser,
+            engine_instances=env.engine_instances,
+            served_model_name=env.served_model_name,
         )
 
 
@@ -171,7 +127,7 @@ class LLMRuntime:
     @property
     def served_model_name(self) -> str:
         """The name clients use (OpenAI `model`): the stored model's name."""
-        return os.environ.get("TRTLLM_SERVED_MODEL_NAME") or self.model_root.parent.name
+        return self.settings.served_model_name or self.model_root.parent.name
 
     @property
     def generator(self) -> Generator:

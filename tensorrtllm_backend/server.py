@@ -29,6 +29,7 @@ from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 from .load_failures import deterministic_failures, read_load_failures
+from .settings import BACKEND_PYTHONPATH_ENV, load_settings
 from .stub_python import (
     STUB_NAME,
     Interpreter,
@@ -47,7 +48,7 @@ NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
 TRITON_DEFAULT_BACKENDS = Path("/opt/tritonserver/backends")  # tritonserver's built-in default
 ENV_TRITONSERVER = "TRTLLM_TRITONSERVER"
 ENV_BACKEND_DIR = "TRTLLM_TRITON_BACKEND_DIR"
-ENV_BACKEND_PYTHONPATH = "TRTLLM_BACKEND_PYTHONPATH"
+ENV_BACKEND_PYTHONPATH = BACKEND_PYTHONPATH_ENV
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
 STUB_CHECK_TICKS = 5  # the watch loop ticks every 0.2 s: stubs are checked every second
@@ -229,9 +230,9 @@ def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
 
 def find_tritonserver(cache_root: Path | None = None) -> TritonInstallation:
     """Locate tritonserver: $TRTLLM_TRITONSERVER, PATH, NGC's /opt/tritonserver, nvidia-pytriton."""
-    backend_override = os.environ.get(ENV_BACKEND_DIR)
-    backend_dir = Path(backend_override) if backend_override else None
-    override = os.environ.get(ENV_TRITONSERVER)
+    env = load_settings()
+    backend_dir = env.triton_backend_dir
+    override = env.tritonserver
     if override:
         binary = Path(override)
         if not os.access(binary, os.X_OK):

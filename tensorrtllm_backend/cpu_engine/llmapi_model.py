@@ -22,7 +22,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
-from ..stub_guard import start_orphan_guard, stop_orphan_guard
+from ..stub_guard import cpu_engine_grace_s, start_orphan_guard, stop_orphan_guard
 from ..tokenization import IncrementalDetokenizer, StopStringMatcher, decode, load_tokenizer
 from .request import FinishReason, GenRequest, SamplingParams
 from .scheduler import Scheduler
@@ -246,9 +246,7 @@ class LlmapiCpuModel:
         return auto_complete_model_config
 
     def initialize(self, args: dict) -> None:
-        self.orphan_guard = start_orphan_guard(
-            float(os.environ.get("TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S", "10"))
-        )
+        self.orphan_guard = start_orphan_guard(cpu_engine_grace_s())
         model_config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         version_dir = Path(args["model_repository"]) / str(args["model_version"])

@@ -211,12 +211,12 @@ def test_unsupported_and_unknown_fields() -> None:
 
 
 def test_tool_parser_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorrtllm_backend.runtime import TOOL_PARSER_ENV, RuntimeSettings
+    from tensorrtllm_backend.runtime import RuntimeSettings
 
-    monkeypatch.delenv(TOOL_PARSER_ENV, raising=False)
+    monkeypatch.delenv("TRTLLM_TOOL_PARSER", raising=False)
     assert RuntimeSettings.from_env().tool_parser is None
-    monkeypatch.setenv(TOOL_PARSER_ENV, "llama3_json")
+    monkeypatch.setenv("TRTLLM_TOOL_PARSER", "llama3_json")
     assert RuntimeSettings.from_env().tool_parser == "llama3_json"
-    monkeypatch.setenv(TOOL_PARSER_ENV, "qwen-ish")
+    monkeypatch.setenv("TRTLLM_TOOL_PARSER", "qwen-ish")
     with pytest.raises(ValueError, match="hermes"):
         RuntimeSettings.from_env()

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend.deployment import share_triton_ports
-from tensorrtllm_backend.runtime import PORT_ENVS, SHARED_DIR_ENV, WORKERS_ENV, worker_count
+from tensorrtllm_backend.runtime import worker_count
 from tensorrtllm_backend.server import LOOPBACK, TritonServerConfig, _port_free
+from tensorrtllm_backend.settings import PORT_ENVS, SHARED_DIR_ENV
 from tensorrtllm_backend.sharing import SharedTriton, shared_paths
 
 
 @pytest.mark.parametrize(("value", "expected"), [("", 1), ("1", 1), (" 4 ", 4)])
 def test_worker_count(monkeypatch: pytest.MonkeyPatch, value: str, expected: int) -> None:
-    monkeypatch.setenv(WORKERS_ENV, value)
+    monkeypatch.setenv("TRTLLM_WORKERS", value)
     assert worker_count() == expected
 
 
@@ -26,8 +27,8 @@ def test_worker_count(monkeypatch: pytest.MonkeyPatch, value: str, expected: int
 def test_worker_count_rejects_what_is_not_a_count(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    monkeypatch.setenv(WORKERS_ENV, value)
-    with pytest.raises(ValueError, match=WORKERS_ENV):
+    monkeypatch.setenv("TRTLLM_WORKERS", value)
+    with pytest.raises(ValueError, match="TRTLLM_WORKERS"):
         worker_count()
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tensorrtllm_backend.runtime import STREAM_INTERVAL_ENV, RuntimeSettings
+from tensorrtllm_backend.runtime import RuntimeSettings
 from tensorrtllm_backend.streaming import coalesce, join_text
 
 
@@ -116,10 +116,10 @@ async def test_with_an_interval_an_error_still_follows_the_pieces_before_it() ->
 
 
 def test_the_stream_interval_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(STREAM_INTERVAL_ENV, "4")
+    monkeypatch.setenv("TRTLLM_STREAM_INTERVAL", "4")
     assert RuntimeSettings.from_env().stream_interval == 4
-    monkeypatch.delenv(STREAM_INTERVAL_ENV)
+    monkeypatch.delenv("TRTLLM_STREAM_INTERVAL")
     assert RuntimeSettings.from_env().stream_interval == 1
-    monkeypatch.setenv(STREAM_INTERVAL_ENV, "0")
-    with pytest.raises(ValueError, match=STREAM_INTERVAL_ENV):
+    monkeypatch.setenv("TRTLLM_STREAM_INTERVAL", "0")
+    with pytest.raises(ValueError, match="TRTLLM_STREAM_INTERVAL"):
         RuntimeSettings.from_env()

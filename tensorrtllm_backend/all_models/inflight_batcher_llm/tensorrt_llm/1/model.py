@@ -31,6 +31,7 @@ from tensorrtllm_backend.cpu_engine.triton_sink import ResponseGroup  # noqa: E4
 from tensorrtllm_backend.guided import GuideCompiler, GuideError  # noqa: E402
 from tensorrtllm_backend.schemas import GuidedDecoding  # noqa: E402
 from tensorrtllm_backend.stub_guard import (  # noqa: E402
+    cpu_engine_grace_s,
     start_orphan_guard,
     stop_orphan_guard,
 )
@@ -148,9 +149,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         # Two guards against outliving tritonserver: the shared Python watcher (fast path) and a
         # /bin/sh one for when a thread stuck in IPC to the dead parent holds the GIL.
-        self.orphan_guard = start_orphan_guard(
-            float(os.environ.get("TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S", "10"))
-        )
+        self.orphan_guard = start_orphan_guard(cpu_engine_grace_s())
         model_config = json.loads(args["model_config"])
         self.logger = pb_utils.Logger
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)

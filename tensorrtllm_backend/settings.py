@@ -1,0 +1,101 @@
+"""Every `TRTLLM_*` environment variable of the service and of pack_model.py, typed, read here.
+
+One rule for all of them: an empty value means "not set"; booleans are pydantic's
+(`1/true/yes/on`, `0/false/no/off`, any case); anything that does not parse stops the start with
+a message naming the variable. The README's configuration table is checked against
+:class:`Settings` and :data:`STUB_VARIABLES` by a test, so a variable cannot go undocumented.
+
+Read the environment when a value is needed (:func:`load_settings`), not at import: `bentoml
+serve` sets the shared Triton ports before it starts its workers, and tests change variables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "TRTLLM_"
+
+# Names the service also writes, for the processes it starts (workers, tritonserver's stubs).
+GRPC_PORT_ENV = "TRTLLM_TRITON_GRPC_PORT"
+HTTP_PORT_ENV = "TRTLLM_TRITON_HTTP_PORT"
+METRICS_PORT_ENV = "TRTLLM_TRITON_METRICS_PORT"
+PORT_ENVS = (GRPC_PORT_ENV, HTTP_PORT_ENV, METRICS_PORT_ENV)
+SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"
+BACKEND_PYTHONPATH_ENV = "TRTLLM_BACKEND_PYTHONPATH"
+
+# Read by the Triton python models, inside Triton's stubs (another process, before our package
+# can be imported there); the supervisor passes the environment on.
+STUB_VARIABLES = (
+    BACKEND_PYTHONPATH_ENV,
+    "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S",
+    "TRTLLM_LLMAPI_IMPL",
+    "TRTLLM_LLMAPI_MODEL_PY",
+)
+
+RouteName = Literal["direct", "ensemble", "bls", "llmapi"]
+ToolParserName = Literal["hermes", "llama3_json", "mistral", "none"]
+TCPPort = Field(None, ge=1, le=65535)
+
+
+class Settings(BaseSettings):
+    """The service's configuration (the README's "Configuration" table describes each)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    # What is served, and how.
+    model: str | None = None
+    route: RouteName | None = None
+    served_model_name: str | None = None
+    tool_parser: ToolParserName | None = None
+
+    # tritonserver.
+    triton_grpc_port: int | None = TCPPort
+    triton_http_port: int | None = TCPPort
+    triton_metrics_port: int | None = TCPPort
+    tritonserver: Path | None = None
+    triton_backend_dir: Path | None = None
+    startup_timeout_s: PositiveFloat = 600.0
+    stall_timeout_s: float = Field(120.0, ge=0.0)
+    engine_instances: PositiveInt | None = None
+
+    # HTTP workers, their limits and BentoML's traffic settings.
+    workers: PositiveInt = 1
+    shared_dir: Path | None = None
+    stream_interval: PositiveInt = 1
+    api_key: SecretStr | None = None
+    max_in_flight: PositiveInt = 1024
+    max_request_bytes: PositiveInt = 4 * 1024 * 1024
+    http_keepalive_s: PositiveInt = 75
+    concurrency: PositiveInt | None = None
+    external_queue: bool = False
+
+    # Observability.
+    log_requests: bool = True
+    export_triton_metrics: bool = False
+    trace_streams: bool = False
+
+    # Deployment: `bentoml build` and pack_model.py.
+    gpu_type: str | None = None
+    base_image: str | None = None
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+def load_settings() -> Settings:
+    """The settings as the environment has them now; a bad value is a ValueError naming it."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            name = env_name(str(item["loc"][0])) if item["loc"] else "TRTLLM_*"
+            problems.append(f"{name}={item.get('input')!r}: {item['msg']}")
+        raise ValueError("; ".join(problems)) from None

@@ -1,0 +1,80 @@
+"""The one settings module: its rule for values, its errors, and the README's table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tensorrtllm_backend.openai_api.tool_parsers import FORMATS
+from tensorrtllm_backend.settings import (
+    PREFIX,
+    STUB_VARIABLES,
+    Settings,
+    ToolParserName,
+    env_name,
+    load_settings,
+)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_variables() -> set[str]:
+    text = README.read_text()
+    table = text[text.index("## Configuration") : text.index("## Several workers")]
+    return set(re.findall(r"`(TRTLLM_[A-Z0-9_]+)`", table))
+
+
+def test_the_readme_documents_every_variable_and_no_other() -> None:
+    known = {env_name(field) for field in Settings.model_fields} | set(STUB_VARIABLES)
+    assert _readme_variables() == known
+
+
+def test_the_tool_parser_names_are_the_parsers() -> None:
+    assert set(ToolParserName.__args__) == {*FORMATS, "none"}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("off", False)],
+)
+def test_one_rule_for_booleans(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    for name in ("LOG_REQUESTS", "TRACE_STREAMS", "EXPORT_TRITON_METRICS"):
+        monkeypatch.setenv(PREFIX + name, value)
+    settings = load_settings()
+    assert settings.log_requests is settings.trace_streams is settings.export_triton_metrics
+    assert settings.log_requests is expected
+
+
+def test_an_empty_value_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTLLM_API_KEY", "")
+    monkeypatch.setenv("TRTLLM_WORKERS", "")
+    settings = load_settings()
+    assert settings.api_key is None
+    assert settings.workers == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TRTLLM_LOG_REQUESTS", "sometimes", "valid boolean"),
+        ("TRTLLM_WORKERS", "0", "greater than 0"),
+        ("TRTLLM_TRITON_GRPC_PORT", "70000", "less than or equal to 65535"),
+        ("TRTLLM_ROUTE", "fast", "'direct', 'ensemble', 'bls' or 'llmapi'"),
+    ],
+)
+def test_a_bad_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")) as raised:
+        load_settings()
+    assert message in str(raised.value)
+
+
+def test_the_api_key_is_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTLLM_API_KEY", "s3cret")
+    settings = load_settings()
+    assert "s3cret" not in repr(settings)
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "s3cret"
