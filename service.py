@@ -43,9 +43,9 @@ from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
-from tensorrtllm_backend.server import TritonSetupError
 from tensorrtllm_backend.settings import load_settings
 from tensorrtllm_backend.streaming import coalesce, join_text
+from tensorrtllm_backend.triton_install import TritonSetupError
 
 logger = logging.getLogger("bentoml.trtllm")
 

@@ -20,7 +20,8 @@ import psutil
 
 from tensorrtllm_backend.repository import localize_repository
 from tensorrtllm_backend.runtime import engine_instances
-from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor, find_free_port
+from tensorrtllm_backend.server import TritonSupervisor
+from tensorrtllm_backend.triton_command import TritonServerConfig, find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent

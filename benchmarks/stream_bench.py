@@ -60,7 +60,7 @@ from benchmarks.bench_stats import (
     format_table,
     summarize,
 )
-from tensorrtllm_backend.server import find_free_port
+from tensorrtllm_backend.triton_command import find_free_port
 
 ALL_TARGETS = ("grpc_direct", "triton_generate_stream", "native", "openai", "baseline")
 ROUTE_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}

@@ -18,8 +18,8 @@ from typing import Any
 import bentoml
 
 from .packing import FORMAT
-from .server import find_free_port
 from .settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
+from .triton_command import find_free_port
 
 DEFAULT_MODEL = "trtllm-demo:latest"
 

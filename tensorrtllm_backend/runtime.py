@@ -20,10 +20,11 @@ from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
-from .server import ServerState, TritonServerConfig, TritonSupervisor
+from .server import ServerState, TritonSupervisor
 from .settings import load_settings
 from .sharing import SharedTriton
 from .tokenization import load_tokenizer
+from .triton_command import TritonServerConfig
 from .watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)

@@ -14,24 +14,18 @@ import enum
 import logging
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 from .load_failures import deterministic_failures, read_load_failures
-from .settings import BACKEND_PYTHONPATH_ENV, load_settings
+from .settings import BACKEND_PYTHONPATH_ENV
 from .stub_python import (
-    STUB_NAME,
     Interpreter,
     StubPython,
     StubPythonError,
@@ -40,35 +34,32 @@ from .stub_python import (
     plan_stub_python,
 )
 from .stub_watch import StubWatch
+from .triton_command import (
+    LOOPBACK,
+    TritonPorts,
+    TritonServerConfig,
+    build_command,
+    default_python_paths,
+    find_free_port,
+    hide_virtualenv,
+    port_free,
+    probe_ready,
+)
+from .triton_install import (
+    TritonError,
+    TritonInstallation,
+    TritonModelLoadError,
+    TritonSetupError,
+    TritonStartupError,
+    default_cache_root,
+    find_tritonserver,
+)
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
-NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
-TRITON_DEFAULT_BACKENDS = Path("/opt/tritonserver/backends")  # tritonserver's built-in default
-ENV_TRITONSERVER = "TRTLLM_TRITONSERVER"
-ENV_BACKEND_DIR = "TRTLLM_TRITON_BACKEND_DIR"
 ENV_BACKEND_PYTHONPATH = BACKEND_PYTHONPATH_ENV
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
 STUB_CHECK_TICKS = 5  # the watch loop ticks every 0.2 s: stubs are checked every second
-
-
-class TritonError(RuntimeError):
-    """tritonserver could not be found, started or kept alive."""
-
-
-class TritonStartupError(TritonError):
-    """tritonserver exited or did not become ready; the message carries its log tail."""
-
-
-class TritonSetupError(TritonStartupError):
-    """Starting again would fail the same way (the service's setup is wrong): never retried."""
-
-
-class TritonModelLoadError(TritonSetupError):
-    """A model failed to load for a reason that starting again does not change (an import
-    error, a bad config.pbtxt, model.py raising in initialize)."""
 
 
 class ServerState(str, enum.Enum):
@@ -77,253 +68,6 @@ class ServerState(str, enum.Enum):
     READY = "ready"
     RESTARTING = "restarting"
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class TritonInstallation:
-    """Where tritonserver and the backends it needs live."""
-
-    binary: Path
-    backend_dir: Path | None = None
-    library_dirs: tuple[Path, ...] = ()
-
-    @property
-    def python_stub(self) -> Path:
-        """The stub tritonserver starts for each python model instance."""
-        return (self.backend_dir or TRITON_DEFAULT_BACKENDS) / "python" / STUB_NAME
-
-
-@dataclass(frozen=True)
-class TritonPorts:
-    grpc: int
-    http: int
-    metrics: int
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{LOOPBACK}:{self.grpc}"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.http}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics}/metrics"
-
-
-@dataclass
-class TritonServerConfig:
-    model_repository: Path
-    grpc_port: int | None = None
-    http_port: int | None = None
-    metrics_port: int | None = None
-    world_size: int = 1
-    tensorrt_llm_model_name: str = "tensorrt_llm"
-    startup_timeout_s: float = 300.0
-    log_verbose: int = 0
-    restart: bool = True
-    max_restart_backoff_s: float = 30.0
-    exit_timeout_s: int = 3
-    extra_args: Sequence[str] = ()
-    python_paths: Sequence[str] | None = None
-    log_dir: Path | None = None
-    # Load only these models (explicit model control); empty: every model in the repository.
-    models: Sequence[str] = ()
-    # Let python models complete their config (the llmapi model takes max_batch_size and the
-    # decoupled policy from its model.yaml there); NVIDIA's launcher turns it off for engines.
-    auto_complete_config: bool = False
-
-
-def find_free_port() -> int:
-    """A currently free loopback TCP port (the OS picks; a race is retried by the caller)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def probe_ready(ports: TritonPorts, timeout: float) -> bool:
-    """Triton's own readiness endpoint (server live and every loaded model ready)."""
-    url = f"{ports.http_url}/v2/health/ready"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _site_packages() -> list[str]:
-    import site
-
-    paths = [p for p in site.getsitepackages() if Path(p).is_dir()]
-    user = site.getusersitepackages()
-    if isinstance(user, str) and Path(user).is_dir():
-        paths.append(user)
-    return paths
-
-
-def _port_free(port: int) -> bool:
-    """Whether tritonserver could listen on `port`. It sets SO_REUSEADDR, as here: connections
-    of a previous tritonserver left in TIME_WAIT do not keep it from listening again."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def default_python_paths() -> list[str]:
-    """What a python-backend model needs on sys.path: this interpreter's packages and ours."""
-    return [*_site_packages(), str(PROJECT_ROOT)]
-
-
-def default_cache_root() -> Path:
-    """Where the service keeps the small files it derives on this machine (symlink farms)."""
-    return Path(tempfile.gettempdir()) / f"bentotrtllm-{os.getuid()}"
-
-
-def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
-    try:
-        import pytriton  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    package_dir = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    binary = package_dir / "bin" / "tritonserver"
-    stubs = package_dir / "python_backend_stubs"
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = stubs / version / STUB_NAME
-    python_backend = package_dir / "backends" / "python"
-    if not (binary.is_file() and python_backend.is_dir()):
-        return None
-    if not stub.is_file():
-        have = sorted(
-            (p.parent.name for p in stubs.glob(f"*/{STUB_NAME}")),
-            key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()),
-        )
-        raise TritonSetupError(
-            f"nvidia-pytriton has Python backend stubs for Python {', '.join(have) or 'none'}, "
-            f"not for the Python {version} running this service ({sys.executable}): run the "
-            f"service with one of those versions, or set {ENV_TRITONSERVER} and "
-            f"{ENV_BACKEND_DIR} to a Triton whose python backend is built for {version}."
-        )
-    # tritonserver looks for <backend_dir>/python/{libtriton_python.so,stub}: the wheel keeps the
-    # stubs apart per Python version, so assemble the directory it expects out of symlinks.
-    backend_dir = (
-        cache_root / f"pytriton-backends-py{sys.version_info.major}{sys.version_info.minor}"
-    )
-    target = backend_dir / "python"
-    target.mkdir(parents=True, exist_ok=True)
-    for source in (
-        python_backend / "libtriton_python.so",
-        python_backend / "triton_python_backend_utils.py",
-        stub,
-    ):
-        link = target / source.name
-        if not (link.is_symlink() and link.resolve() == source.resolve()):
-            link.unlink(missing_ok=True)
-            link.symlink_to(source)
-    libs = package_dir.parent.parent / "nvidia_pytriton.libs"
-    return TritonInstallation(binary, backend_dir, (libs,) if libs.is_dir() else ())
-
-
-def find_tritonserver(cache_root: Path | None = None) -> TritonInstallation:
-    """Locate tritonserver: $TRTLLM_TRITONSERVER, PATH, NGC's /opt/tritonserver, nvidia-pytriton."""
-    env = load_settings()
-    backend_dir = env.triton_backend_dir
-    override = env.tritonserver
-    if override:
-        binary = Path(override)
-        if not os.access(binary, os.X_OK):
-            raise TritonError(f"{ENV_TRITONSERVER}={override} is not an executable file")
-        return TritonInstallation(binary, backend_dir)
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        return TritonInstallation(Path(on_path), backend_dir)
-    if os.access(NGC_TRITONSERVER, os.X_OK):
-        return TritonInstallation(NGC_TRITONSERVER, backend_dir)
-    cache = cache_root or default_cache_root()
-    installation = _pytriton_installation(cache)
-    if installation is not None:
-        return installation
-    raise TritonError(
-        "tritonserver not found: set TRTLLM_TRITONSERVER, use an NVIDIA Triton image "
-        "(/opt/tritonserver/bin/tritonserver), or `pip install nvidia-pytriton==0.7.0` for CPU."
-    )
-
-
-def _model_control_args(models: Sequence[str]) -> list[str]:
-    if not models:
-        return []
-    return ["--model-control-mode=explicit", *(f"--load-model={name}" for name in models)]
-
-
-def build_command(
-    installation: TritonInstallation, config: TritonServerConfig, ports: TritonPorts
-) -> list[str]:
-    """argv for tritonserver, or for mpirun with one tritonserver per rank when world_size > 1.
-
-    As NVIDIA's launcher does, each rank gets its own python-backend shared-memory prefix and
-    only rank 0 serves clients; the other ranks load just the TensorRT-LLM model.
-    """
-
-    def rank_args(rank: int) -> list[str]:
-        args = [
-            str(installation.binary),
-            f"--model-repository={config.model_repository}",
-            *(() if config.auto_complete_config else ("--disable-auto-complete-config",)),
-            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
-            f"--exit-timeout-secs={config.exit_timeout_s}",
-        ]
-        if installation.backend_dir is not None:
-            args.append(f"--backend-directory={installation.backend_dir}")
-        if rank == 0:
-            args += [
-                f"--grpc-address={LOOPBACK}",
-                f"--grpc-port={ports.grpc}",
-                f"--http-address={LOOPBACK}",
-                f"--http-port={ports.http}",
-                f"--metrics-address={LOOPBACK}",
-                f"--metrics-port={ports.metrics}",
-                f"--log-verbose={config.log_verbose}",
-                *_model_control_args(config.models),
-                *config.extra_args,
-            ]
-        else:
-            args += [
-                *_model_control_args([config.tensorrt_llm_model_name]),
-                "--allow-http=false",
-                "--allow-grpc=false",
-                "--allow-metrics=false",
-            ]
-        return args
-
-    if config.world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {config.world_size}")
-    if config.world_size == 1:
-        return rank_args(0)
-    command = ["mpirun", "--allow-run-as-root"]
-    for rank in range(config.world_size):
-        command += ["-n", "1", *rank_args(rank), ":"]
-    return command[:-1]
-
-
-def _hide_virtualenv(env: dict[str, str]) -> None:
-    """Keep an activated virtualenv's interpreter off tritonserver's PATH.
-
-    A python backend stub embeds its own libpython and, with no PYTHONHOME, locates its standard
-    library from the first `python3` on PATH. An activated venv puts its interpreter there, whose
-    stdlib may belong to a different patch release (e.g. pyenv 3.11.7 next to Debian's 3.11.2):
-    extension modules such as _ssl then fail to load in every python model. The models find the
-    venv's packages through TRTLLM_BACKEND_PYTHONPATH instead.
-    """
-    venv = env.pop("VIRTUAL_ENV", None) or (sys.prefix if sys.prefix != sys.base_prefix else None)
-    if not venv:
-        return
-    venv_bin = os.path.realpath(os.path.join(venv, "bin"))
-    entries = env.get("PATH", "").split(os.pathsep)
-    env["PATH"] = os.pathsep.join(e for e in entries if os.path.realpath(e or ".") != venv_bin)
 
 
 def _die_with_parent() -> None:
@@ -574,7 +318,7 @@ class TritonSupervisor:
         )
         attempts = 1 if pinned else 3
         if pinned and self._ports is None:
-            busy = [port for port in astuple(self._choose_ports()) if not _port_free(port)]
+            busy = [port for port in astuple(self._choose_ports()) if not port_free(port)]
             if busy:  # fail now, not after Triton has spent its start-up loading models
                 raise TritonStartupError(
                     f"loopback port(s) {busy} already in use: free them or change "
@@ -618,7 +362,7 @@ class TritonSupervisor:
         env[ENV_BACKEND_PYTHONPATH] = os.pathsep.join(
             default_python_paths() if paths is None else paths
         )
-        _hide_virtualenv(env)
+        hide_virtualenv(env)
         plan = self._plan_stub_python(installation, env)
         if plan is not None:
             apply_stub_python(plan, env, default_cache_root())

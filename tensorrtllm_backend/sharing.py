@@ -24,15 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from .server import (
-    ServerState,
-    TritonPorts,
-    TritonServerConfig,
-    TritonSetupError,
-    TritonStartupError,
-    TritonSupervisor,
-    probe_ready,
-)
+from .server import ServerState, TritonSupervisor
+from .triton_command import TritonPorts, TritonServerConfig, probe_ready
+from .triton_install import TritonSetupError, TritonStartupError
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ from tensorrtllm_backend.cpu_engine.config import write_engine_dir  # noqa: E402
 from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens  # noqa: E402
 from tensorrtllm_backend.repository import fill_repository  # noqa: E402
-from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor  # noqa: E402
+from tensorrtllm_backend.server import TritonSupervisor  # noqa: E402
+from tensorrtllm_backend.triton_command import TritonServerConfig  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -627,7 +628,8 @@ async def test_return_sequences_client_cancel_drops_all(client, triton):
 
 def test_stub_that_outlives_tritonserver_is_killed(engine_dirs, tmp_path):
     """A stub stuck when tritonserver dies (simulated with SIGSTOP) is SIGKILLed by the guard."""
-    from tensorrtllm_backend.server import find_free_port, find_tritonserver
+    from tensorrtllm_backend.triton_command import find_free_port
+    from tensorrtllm_backend.triton_install import find_tritonserver
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -20,7 +20,8 @@ from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
 from tensorrtllm_backend.repository import localize_repository
-from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor, find_free_port
+from tensorrtllm_backend.server import TritonSupervisor
+from tensorrtllm_backend.triton_command import TritonServerConfig, find_free_port
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,8 @@ from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.generation import EngineLimits, Generator, Route
 from tensorrtllm_backend.lora import LORAS, LoraRegistry
 from tensorrtllm_backend.schemas import SamplingParams
-from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor
+from tensorrtllm_backend.server import TritonSupervisor
+from tensorrtllm_backend.triton_command import TritonServerConfig
 from tests.integration.test_server import PRELUDE, kill_all, process_tree
 from tests.unit.test_lora import write_adapter
 

@@ -21,16 +21,17 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tensorrtllm_backend.server import (
-    ServerState,
-    TritonError,
-    TritonInstallation,
+from tensorrtllm_backend.server import ServerState, TritonSupervisor
+from tensorrtllm_backend.triton_command import (
     TritonPorts,
     TritonServerConfig,
-    TritonStartupError,
-    TritonSupervisor,
     build_command,
     find_free_port,
+)
+from tensorrtllm_backend.triton_install import (
+    TritonError,
+    TritonInstallation,
+    TritonStartupError,
     find_tritonserver,
 )
 

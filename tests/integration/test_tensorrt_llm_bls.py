@@ -19,8 +19,9 @@ from tensorrtllm_backend.cpu_engine.config import write_engine_dir
 from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
 from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.repository import fill_repository
-from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor
+from tensorrtllm_backend.server import TritonSupervisor
 from tensorrtllm_backend.tokenization import decode, load_tokenizer
+from tensorrtllm_backend.triton_command import TritonServerConfig
 
 pytestmark = pytest.mark.integration
 

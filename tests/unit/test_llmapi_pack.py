@@ -241,12 +241,8 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
     from tensorrtllm_backend.deployment import resources
     from tensorrtllm_backend.generation import Route
     from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
-    from tensorrtllm_backend.server import (
-        TritonInstallation,
-        TritonPorts,
-        TritonServerConfig,
-        build_command,
-    )
+    from tensorrtllm_backend.triton_command import TritonPorts, TritonServerConfig, build_command
+    from tensorrtllm_backend.triton_install import TritonInstallation
 
     assert llmapi("--checkpoint", checkpoint, "--name", name, "--tp", 2, "--pp", 2) == 0, (
         capsys.readouterr().err

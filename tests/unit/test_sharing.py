@@ -12,9 +12,9 @@ import pytest
 
 from tensorrtllm_backend.deployment import share_triton_ports
 from tensorrtllm_backend.runtime import worker_count
-from tensorrtllm_backend.server import LOOPBACK, TritonServerConfig, _port_free
 from tensorrtllm_backend.settings import PORT_ENVS, SHARED_DIR_ENV
 from tensorrtllm_backend.sharing import SharedTriton, shared_paths
+from tensorrtllm_backend.triton_command import LOOPBACK, TritonServerConfig, port_free
 
 
 @pytest.mark.parametrize(("value", "expected"), [("", 1), ("1", 1), (" 4 ", 4)])
@@ -93,4 +93,4 @@ def test_ports_in_time_wait_count_as_free() -> None:
     client.recv(1)
     client.close()
     listener.close()
-    assert _port_free(port)
+    assert port_free(port)

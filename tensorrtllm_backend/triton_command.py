@@ -1,0 +1,177 @@
+"""tritonserver's command line: loopback ports, the configuration of one server, argv (with
+mpirun for several ranks), and the environment its python stubs need."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .triton_install import TritonInstallation
+
+LOOPBACK = "127.0.0.1"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    grpc: int
+    http: int
+    metrics: int
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{LOOPBACK}:{self.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.metrics}/metrics"
+
+
+@dataclass
+class TritonServerConfig:
+    model_repository: Path
+    grpc_port: int | None = None
+    http_port: int | None = None
+    metrics_port: int | None = None
+    world_size: int = 1
+    tensorrt_llm_model_name: str = "tensorrt_llm"
+    startup_timeout_s: float = 300.0
+    log_verbose: int = 0
+    restart: bool = True
+    max_restart_backoff_s: float = 30.0
+    exit_timeout_s: int = 3
+    extra_args: Sequence[str] = ()
+    python_paths: Sequence[str] | None = None
+    log_dir: Path | None = None
+    # Load only these models (explicit model control); empty: every model in the repository.
+    models: Sequence[str] = ()
+    # Let python models complete their config (the llmapi model takes max_batch_size and the
+    # decoupled policy from its model.yaml there); NVIDIA's launcher turns it off for engines.
+    auto_complete_config: bool = False
+
+
+def find_free_port() -> int:
+    """A currently free loopback TCP port (the OS picks; a race is retried by the caller)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def probe_ready(ports: TritonPorts, timeout: float) -> bool:
+    """Triton's own readiness endpoint (server live and every loaded model ready)."""
+    url = f"{ports.http_url}/v2/health/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _site_packages() -> list[str]:
+    import site
+
+    paths = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    user = site.getusersitepackages()
+    if isinstance(user, str) and Path(user).is_dir():
+        paths.append(user)
+    return paths
+
+
+def port_free(port: int) -> bool:
+    """Whether tritonserver could listen on `port`. It sets SO_REUSEADDR, as here: connections
+    of a previous tritonserver left in TIME_WAIT do not keep it from listening again."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def default_python_paths() -> list[str]:
+    """What a python-backend model needs on sys.path: this interpreter's packages and ours."""
+    return [*_site_packages(), str(PROJECT_ROOT)]
+
+
+def _model_control_args(models: Sequence[str]) -> list[str]:
+    if not models:
+        return []
+    return ["--model-control-mode=explicit", *(f"--load-model={name}" for name in models)]
+
+
+def build_command(
+    installation: TritonInstallation, config: TritonServerConfig, ports: TritonPorts
+) -> list[str]:
+    """argv for tritonserver, or for mpirun with one tritonserver per rank when world_size > 1.
+
+    As NVIDIA's launcher does, each rank gets its own python-backend shared-memory prefix and
+    only rank 0 serves clients; the other ranks load just the TensorRT-LLM model.
+    """
+
+    def rank_args(rank: int) -> list[str]:
+        args = [
+            str(installation.binary),
+            f"--model-repository={config.model_repository}",
+            *(() if config.auto_complete_config else ("--disable-auto-complete-config",)),
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            f"--exit-timeout-secs={config.exit_timeout_s}",
+        ]
+        if installation.backend_dir is not None:
+            args.append(f"--backend-directory={installation.backend_dir}")
+        if rank == 0:
+            args += [
+                f"--grpc-address={LOOPBACK}",
+                f"--grpc-port={ports.grpc}",
+                f"--http-address={LOOPBACK}",
+                f"--http-port={ports.http}",
+                f"--metrics-address={LOOPBACK}",
+                f"--metrics-port={ports.metrics}",
+                f"--log-verbose={config.log_verbose}",
+                *_model_control_args(config.models),
+                *config.extra_args,
+            ]
+        else:
+            args += [
+                *_model_control_args([config.tensorrt_llm_model_name]),
+                "--allow-http=false",
+                "--allow-grpc=false",
+                "--allow-metrics=false",
+            ]
+        return args
+
+    if config.world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {config.world_size}")
+    if config.world_size == 1:
+        return rank_args(0)
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(config.world_size):
+        command += ["-n", "1", *rank_args(rank), ":"]
+    return command[:-1]
+
+
+def hide_virtualenv(env: dict[str, str]) -> None:
+    """Keep an activated virtualenv's interpreter off tritonserver's PATH.
+
+    A python backend stub embeds its own libpython and, with no PYTHONHOME, locates its standard
+    library from the first `python3` on PATH. An activated venv puts its interpreter there, whose
+    stdlib may belong to a different patch release (e.g. pyenv 3.11.7 next to Debian's 3.11.2):
+    extension modules such as _ssl then fail to load in every python model. The models find the
+    venv's packages through TRTLLM_BACKEND_PYTHONPATH instead.
+    """
+    venv = env.pop("VIRTUAL_ENV", None) or (sys.prefix if sys.prefix != sys.base_prefix else None)
+    if not venv:
+        return
+    venv_bin = os.path.realpath(os.path.join(venv, "bin"))
+    entries = env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(e for e in entries if os.path.realpath(e or ".") != venv_bin)
