@@ -15,13 +15,14 @@ from typing import Any
 
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
-from .generation import ROUTE_MODELS, EngineLimits, Generator, Route
+from .generation import EngineLimits, Generator
 from .guided import GuideCompiler
 from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .openai_api.tool_parsers import FORMATS
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
+from .routes import ROUTE_MODELS, Route
 from .server import ServerState, TritonServerConfig, TritonSupervisor
 from .sharing import SharedTriton
 from .tokenization import load_tokenizer

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..client import TritonModelError, TritonUnavailableError
+from ..engine_api import EngineModelError, EngineUnavailableError
 from ..metrics import generation_metrics
 from ..streaming import coalesce, join_text
 from .protocol import (
@@ -49,11 +49,11 @@ def error_response(error: OpenAIError) -> JSONResponse:
 def _as_openai_error(error: Exception) -> OpenAIError:
     if isinstance(error, OpenAIError):
         return error
-    if isinstance(error, TritonUnavailableError):
+    if isinstance(error, EngineUnavailableError):
         return OpenAIError(
             f"the model server is not available, retry shortly: {error}", 503, "server_error"
         )
-    if isinstance(error, TritonModelError):
+    if isinstance(error, EngineModelError):
         return OpenAIError(f"the model failed on this request: {error}", 502, "server_error")
     raise error
 
@@ -164,7 +164,7 @@ async def _streaming_response(events: AsyncIterator[str], interval: int) -> Stre
         try:
             async for event in stream:
                 yield event
-        except (TritonUnavailableError, TritonModelError) as error:
+        except (EngineUnavailableError, EngineModelError) as error:
             failure = _as_openai_error(error)
             yield sse({"error": {"message": str(failure), "type": failure.kind, "code": None}})
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from ..generation import Generator, PreparedRequest, RequestError, new_request_id
+from ..generation import Generator, PreparedRequest, new_request_id
+from ..request_errors import RequestError
 from ..schemas import (
     MAX_RETURN_SEQUENCES,
     GuidedDecoding,

@@ -12,8 +12,10 @@ from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.generation import EngineLimits, Generator, RequestError, Route
+from tensorrtllm_backend.generation import EngineLimits, Generator
 from tensorrtllm_backend.guided import GuideCompiler, GuideError, check_guide_text
+from tensorrtllm_backend.request_errors import RequestError
+from tensorrtllm_backend.routes import Route
 from tensorrtllm_backend.schemas import GuidedDecoding, SamplingParams
 
 pytest.importorskip("xgrammar")
