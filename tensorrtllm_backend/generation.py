@@ -175,7 +175,8 @@ class Generator:
             if self.guides.cached(guided) is None:  # a guide compiled before passed these
                 check_guide_text(guided)
         except GuideError as error:
-            raise RequestError(str(error), param="guided_decoding") from None
+            # A fresh error: the compiler's cache keeps its GuideError and raises it again.
+            raise RequestError(str(error), param=error.param) from None
 
     async def check_guide(self, request: PreparedRequest) -> None:
         """Compile the request's guide (in a thread, cached) so that one the engine could not
@@ -187,7 +188,7 @@ class Generator:
         try:
             await self.guides.check(guided)
         except GuideError as error:
-            raise RequestError(str(error), param="guided_decoding") from None
+            raise RequestError(str(error), param=error.param) from None
 
     def _adapter(self, name: str | None) -> LoraAdapter | None:
         if name is None:
