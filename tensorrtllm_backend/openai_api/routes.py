@@ -117,8 +117,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         server = serving()
         prepared = await server.prepare_completion(parsed)
         if parsed.stream:
-            usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            events = server.stream_completion(prepared, usage)
+            events = server.stream_completion(prepared, _include_usage(parsed))
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
 
@@ -128,8 +127,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         server = serving()
         prepared, plan = await server.prepare_chat(parsed)
         if parsed.stream:
-            usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            events = server.stream_chat(prepared, usage, plan)
+            events = server.stream_chat(prepared, _include_usage(parsed), plan)
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.chat(prepared, plan)).to_json())
 
@@ -146,6 +144,10 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
             Route("/models", handler(models), methods=["GET"]),
         ]
     )
+
+
+def _include_usage(request: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
 
 
 async def _streaming_response(events: AsyncIterator[str], interval: int) -> StreamingResponse:
