@@ -9,7 +9,7 @@ depends on gRPC or on how tritonserver words its failures.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from tritonclient.grpc import InferResult
@@ -42,6 +42,7 @@ class EngineInstanceDeadError(EngineUnavailableError):
         self.instance = instance
 
 
+@runtime_checkable
 class InferenceEngine(Protocol):
     """Streaming inference against one inference server, shared by all requests.
 
