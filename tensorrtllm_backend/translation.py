@@ -36,9 +36,9 @@ class LoraTensors:
         return tensors
 
 
-def sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str, np.ndarray]:
-    """Optional sampling inputs; `names` maps our field names to the model's input names."""
-    values: dict[str, tuple[object, type[np.generic]]] = {
+def sampling_values(params: SamplingParams) -> dict[str, tuple[object, type[np.generic]]]:
+    """The optional sampling fields with their contract dtypes (value None: not set)."""
+    return {
         "temperature": (params.temperature, np.float32),
         "top_k": (params.top_k, np.int32),
         "top_p": (params.top_p, np.float32),
@@ -49,9 +49,13 @@ def sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str,
         "min_tokens": (params.min_tokens, np.int32),
         "seed": (params.seed, np.uint64),
     }
+
+
+def sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str, np.ndarray]:
+    """Optional sampling inputs; `names` maps our field names to the model's input names."""
     tensors = {
         names.get(field, field): scalar(value, dtype)  # type: ignore[arg-type]
-        for field, (value, dtype) in values.items()
+        for field, (value, dtype) in sampling_values(params).items()
         if value is not None
     }
     if params.beam_width != 1:

@@ -19,7 +19,7 @@ from tritonclient.grpc import InferResult
 
 from ..request_errors import RequestError
 from ..schemas import FinishReason, SamplingParams
-from ..translation import LoraTensors
+from ..translation import LoraTensors, sampling_values
 from .base import Decoded, EngineRoute, Route, RouteRequest
 
 OUTPUTS = ["text_output", "finish_reason"]
@@ -80,6 +80,10 @@ def check_request(params: SamplingParams, lora: str | None) -> None:
         )
 
 
+# The sampling fields the llmapi model reads, each as `sampling_param_<field>`.
+_SAMPLING = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "seed")
+
+
 def _one(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
     return np.array([value], dtype=dtype)
 
@@ -87,14 +91,8 @@ def _one(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
 def tensors(prompt: str, params: SamplingParams) -> dict[str, np.ndarray]:
     """Inputs of the llmapi `tensorrt_llm` model: always streamed, prompt never echoed (the
     service prepends it itself when asked), finish reason requested."""
-    values: dict[str, tuple[Any, type[np.generic]]] = {
-        "sampling_param_temperature": (params.temperature, np.float32),
-        "sampling_param_top_k": (params.top_k, np.int32),
-        "sampling_param_top_p": (params.top_p, np.float32),
-        "sampling_param_presence_penalty": (params.presence_penalty, np.float32),
-        "sampling_param_frequency_penalty": (params.frequency_penalty, np.float32),
-        "sampling_param_seed": (params.seed, np.uint64),
-    }
+    values = sampling_values(params)
+    sampling = {f"sampling_param_{field}": values[field] for field in _SAMPLING}
     inputs = {
         "text_input": np.array([prompt.encode()], dtype=np.object_),
         "streaming": _one(True, np.bool_),
@@ -102,7 +100,9 @@ def tensors(prompt: str, params: SamplingParams) -> dict[str, np.ndarray]:
         "sampling_param_exclude_input_from_output": _one(True, np.bool_),
         "return_finish_reason": _one(True, np.bool_),
         **{
-            name: _one(value, dtype) for name, (value, dtype) in values.items() if value is not None
+            name: _one(value, dtype)  # type: ignore[arg-type]
+            for name, (value, dtype) in sampling.items()
+            if value is not None
         },
     }
     if params.stop:
