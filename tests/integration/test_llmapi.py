@@ -232,12 +232,13 @@ def test_openai_chat_completions_answer(server: BentoServer, llmapi_model: str) 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     name = llmapi_model.split(":")[0]
     messages = [{"role": "user", "content": "Hi!"}]
-    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=8)
+    # Seeded: an unseeded OpenAI request samples afresh each time.
+    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=8, seed=7)
     assert answer.choices[0].message.content
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage.completion_tokens == 8
     stream = client.chat.completions.create(
-        model=name, messages=messages, max_tokens=8, stream=True
+        model=name, messages=messages, max_tokens=8, seed=7, stream=True
     )
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert streamed == answer.choices[0].message.content
