@@ -36,11 +36,12 @@ from tensorrtllm_backend.errors import (
     error_response,
     log_api_errors_briefly,
 )
-from tensorrtllm_backend.generation import PreparedRequest, RequestError
+from tensorrtllm_backend.generation import PreparedRequest
 from tensorrtllm_backend.guard import GuardMiddleware
 from tensorrtllm_backend.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.openai_api.routes import build_openai_app
 from tensorrtllm_backend.openai_api.serving import OpenAIServing
+from tensorrtllm_backend.request_errors import RequestError
 from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
 from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.settings import load_settings

@@ -24,7 +24,7 @@ import numpy as np
 from tritonclient.grpc import InferResult
 
 from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.translation import new_token_ids
+from tensorrtllm_backend.routes.direct import new_token_ids
 
 from .bench_stats import RequestRecord
 

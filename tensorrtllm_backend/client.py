@@ -31,6 +31,15 @@ from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import np_to_triton_dtype
 
+from .engine_api import (
+    DRAIN_RESPONSES,
+    DRAIN_TIMEOUT_S,
+    EngineError,
+    EngineInstanceDeadError,
+    EngineModelError,
+    EngineUnavailableError,
+)
+
 logger = logging.getLogger(__name__)
 
 # gRPC status codes that mean "Triton is not there right now", as opposed to "the request failed".
@@ -40,28 +49,6 @@ _UNAVAILABLE_CODES = {
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.UNKNOWN,
 }
-
-
-class TritonClientError(RuntimeError):
-    """A request to tritonserver failed."""
-
-
-class TritonUnavailableError(TritonClientError):
-    """tritonserver is down, restarting or unreachable: retry later (HTTP 503)."""
-
-
-class TritonModelError(TritonClientError):
-    """A model in tritonserver answered the request with an error."""
-
-
-class TritonInstanceDeadError(TritonUnavailableError):
-    """A Python model's stub process died (killed, out of memory, crashed) or stopped answering
-    Triton's health checks. Triton 2.51 then fails every later request to that model instance
-    and never starts a new stub: only a restart of tritonserver brings the model back."""
-
-    def __init__(self, message: str, instance: str) -> None:
-        super().__init__(message)
-        self.instance = instance
 
 
 # The Python backend's error for a request to an instance whose stub is gone; inside an ensemble
@@ -125,11 +112,6 @@ def make_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput
     return inputs
 
 
-# How long a stream handed to let_finish may run on before it is cancelled after all.
-DRAIN_RESPONSES = 4
-DRAIN_TIMEOUT_S = 5.0
-
-
 async def _drain(
     responses: AsyncGenerator[Any, None], max_responses: int, timeout_s: float
 ) -> None:
@@ -140,7 +122,7 @@ async def _drain(
                 received += 1
                 if received > max_responses:
                     break
-    except Exception as error:  # TimeoutError, TritonClientError, ...
+    except Exception as error:  # TimeoutError, EngineError, ...
         # Nobody waits for this stream's answer any more.
         logger.debug("a stream left to finish ended with %s: %s", type(error).__name__, error)
     finally:
@@ -148,7 +130,8 @@ async def _drain(
 
 
 class TritonLLMClient:
-    """Async streaming inference against one tritonserver, shared by all requests."""
+    """Async streaming inference against one tritonserver, shared by all requests: the
+    :class:`~.engine_api.InferenceEngine` of the service, over gRPC."""
 
     def __init__(self, url: str, on_dead_instance: Callable[[str], None] | None = None) -> None:
         self.url = url
@@ -198,7 +181,7 @@ class TritonLLMClient:
         try:
             call = self._stream_infer(request)
         except grpc.aio.UsageError as error:  # the channel is closed: the service is stopping
-            raise TritonUnavailableError(
+            raise EngineUnavailableError(
                 f"cannot reach tritonserver at {self.url}: {error}"
             ) from error
         finished = False
@@ -212,7 +195,7 @@ class TritonLLMClient:
             finished = True
         except grpc.aio.AioRpcError as error:
             if error.code() in _UNAVAILABLE_CODES:
-                raise TritonUnavailableError(
+                raise EngineUnavailableError(
                     f"tritonserver stream ended: {error.code().name} {error.details()}"
                 ) from error
             raise self._model_error(model_name, error.details() or "") from error
@@ -222,13 +205,13 @@ class TritonLLMClient:
                 # Early exit (stop string, disconnect, error): tell Triton to stop generating.
                 call.cancel()
 
-    def _model_error(self, model_name: str, message: str) -> TritonClientError:
+    def _model_error(self, model_name: str, message: str) -> EngineError:
         instance = dead_instance(message)
         if instance is None:
-            return TritonModelError(f"{model_name}: {message}")
+            return EngineModelError(f"{model_name}: {message}")
         if self.on_dead_instance is not None:
             self.on_dead_instance(instance)
-        return TritonInstanceDeadError(
+        return EngineInstanceDeadError(
             f"the model instance {instance} of tritonserver is dead or not answering; "
             "tritonserver is restarting",
             instance,

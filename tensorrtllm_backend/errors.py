@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .client import TritonModelError, TritonUnavailableError
-from .generation import RequestError
+from .engine_api import EngineModelError, EngineUnavailableError
 from .metrics import generation_metrics
+from .request_errors import RequestError
 
 RETRY_AFTER_S = 5
 STREAMING_NATIVE_PATHS = frozenset({"/generate"})
@@ -89,9 +89,9 @@ def as_api_error(error: Exception) -> APIError:
     if isinstance(error, RequestError):
         generation_metrics().record_rejected("native", "invalid_request")
         api_error = APIError(str(error), error.status)
-    elif isinstance(error, TritonUnavailableError):
+    elif isinstance(error, EngineUnavailableError):
         api_error = APIError(f"the model server is not available, retry shortly: {error}", 503)
-    elif isinstance(error, TritonModelError):
+    elif isinstance(error, EngineModelError):
         api_error = APIError(f"the model failed on this request: {error}", 502)
     else:
         raise error

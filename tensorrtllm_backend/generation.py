@@ -6,7 +6,6 @@ Native streaming, native JSON and the OpenAI adapters all call :meth:`Generator.
 
 from __future__ import annotations
 
-import enum
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -16,12 +15,13 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from . import llmapi_route
-from .client import DRAIN_RESPONSES, TritonLLMClient, TritonModelError
 from .engine import EngineInfo
+from .engine_api import DRAIN_RESPONSES, EngineModelError, InferenceEngine
 from .guided import GuideCompiler, GuideError, check_guide_text
 from .lora import LoraAdapter, LoraRegistry
 from .metrics import GenerationMetrics
+from .request_errors import RequestError
+from .routes import Decoder, EngineRoute, Route, make_route
 from .schemas import (
     FinishReason,
     GenerationChunk,
@@ -29,46 +29,8 @@ from .schemas import (
     SamplingParams,
     SequenceResult,
 )
-from .tokenization import IncrementalDetokenizer, StopStringMatcher, encode_word_lists
-from .translation import (
-    LoraTensors,
-    TokenIds,
-    direct_outputs,
-    direct_tensors,
-    engine_stop_words,
-    new_token_ids,
-    response_log_probs,
-    response_text,
-    sequence_index,
-    text_outputs,
-    text_tensors,
-)
-
-
-class Route(str, enum.Enum):
-    """Which way through Triton a request takes."""
-
-    DIRECT = "direct"  # service tokenizes; tensorrt_llm only
-    ENSEMBLE = "ensemble"  # preprocessing → tensorrt_llm → postprocessing
-    BLS = "bls"  # tensorrt_llm_bls python model
-    LLMAPI = "llmapi"  # NVIDIA's LLM-API tensorrt_llm python model (checkpoint workflow)
-
-
-ROUTE_MODELS = {
-    Route.DIRECT: "tensorrt_llm",
-    Route.ENSEMBLE: "ensemble",
-    Route.BLS: "tensorrt_llm_bls",
-    Route.LLMAPI: "tensorrt_llm",
-}
-
-
-class RequestError(ValueError):
-    """The request cannot be served as sent; the message says what to change (HTTP 4xx)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
+from .tokenization import StopStringMatcher
+from .translation import LoraTensors, sequence_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +65,7 @@ class Generator:
 
     def __init__(
         self,
-        client: TritonLLMClient,
+        client: InferenceEngine,
         tokenizer: Any,
         limits: EngineLimits,
         route: Route = Route.DIRECT,
@@ -113,7 +75,9 @@ class Generator:
         guides: GuideCompiler | None = None,
         guides_unsupported: str | None = None,
     ) -> None:
-        """`guides` compiles guided_decoding guides against the served tokenizer (one is made
+        """`client`: the inference server requests stream through; `route`: the way through
+        it (:mod:`.routes`), which builds each request's tensors and decodes its responses.
+        `guides` compiles guided_decoding guides against the served tokenizer (one is made
         from `tokenizer` when not given); `guides_unsupported` says why this model cannot
         enforce any guide (guided requests are then refused)."""
         self.client = client
@@ -125,11 +89,8 @@ class Generator:
         self.tokenizer = tokenizer
         self.limits = limits
         self.route = route
-        self.model_name = ROUTE_MODELS[route]
-        self._eos_id: int | None = tokenizer.eos_token_id
-        self._pad_id: int | None = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._eos_id
-        )
+        self.path: EngineRoute = make_route(route, tokenizer)
+        self.model_name = self.path.model_name
 
     def prepare(
         self,
@@ -148,11 +109,7 @@ class Generator:
         leaves after the prompt, up to the cap (OpenAI chat semantics).
         """
         limits = self.limits
-        if self.route is Route.LLMAPI:
-            try:
-                llmapi_route.check_request(params, lora)
-            except llmapi_route.LlmapiRequestError as error:
-                raise RequestError(str(error), param=error.param) from None
+        self.path.check(params, lora)
         adapter = self._adapter(lora)
         if params.beam_width > limits.max_beam_width:
             raise RequestError(
@@ -166,13 +123,8 @@ class Generator:
                 "num_return_sequences > 1 needs beam_width 1 (each sequence is sampled on its own)",
                 param="num_return_sequences",
             )
-        if sequences > 1 and self.route is Route.ENSEMBLE:
-            raise RequestError(
-                "the ensemble route returns one sequence per request: NVIDIA's ensemble does not "
-                "pass sequence_index to postprocessing, so the texts of several would mix (serve "
-                "with TRTLLM_ROUTE=direct or bls)",
-                param="num_return_sequences",
-            )
+        if sequences > 1 and self.path.single_sequence is not None:
+            raise RequestError(self.path.single_sequence, param="num_return_sequences")
         if sequences > limits.max_batch_size:
             raise RequestError(
                 f"num_return_sequences {sequences} exceeds this engine's max_batch_size "
@@ -206,8 +158,7 @@ class Generator:
             # TensorRT-LLM samples only with top_k or top_p set (both unset means greedy): a
             # request that asks for a temperature means to sample from the whole distribution.
             params = params.model_copy(update={"top_p": 1.0})
-        if self.route is Route.DIRECT and params.end_id is None and self._eos_id is None:
-            raise RequestError("the tokenizer has no end token: pass end_id", param="end_id")
+        self.path.check_prepared(params)
         if params.guided_decoding is not None:
             self._check_guide_text(params)
         return PreparedRequest(
@@ -224,7 +175,8 @@ class Generator:
             if self.guides.cached(guided) is None:  # a guide compiled before passed these
                 check_guide_text(guided)
         except GuideError as error:
-            raise RequestError(str(error), param="guided_decoding") from None
+            # A fresh error: the compiler's cache keeps its GuideError and raises it again.
+            raise RequestError(str(error), param=error.param) from None
 
     async def check_guide(self, request: PreparedRequest) -> None:
         """Compile the request's guide (in a thread, cached) so that one the engine could not
@@ -236,7 +188,7 @@ class Generator:
         try:
             await self.guides.check(guided)
         except GuideError as error:
-            raise RequestError(str(error), param="guided_decoding") from None
+            raise RequestError(str(error), param=error.param) from None
 
     def _adapter(self, name: str | None) -> LoraAdapter | None:
         if name is None:
@@ -322,7 +274,7 @@ class Generator:
         max_tokens: int,
     ) -> None:
         """Stop a Triton stream the caller left early (disconnect, error): cancel it, unless it
-        would end on its own within a few responses anyway (see TritonLLMClient.let_finish)."""
+        would end on its own within a few responses anyway (see InferenceEngine.let_finish)."""
         tokens_left = sum(max(0, max_tokens - sequence.generated) for sequence in sequences)
         # +1: a stream may end with an empty final response.
         if tokens_left + len(sequences) <= DRAIN_RESPONSES:
@@ -331,14 +283,7 @@ class Generator:
             await results.aclose()
 
     def _sequence(self, index: int, params: SamplingParams) -> _Sequence:
-        decoder: _Decoder
-        if self.route is Route.DIRECT:
-            decoder = _DirectDecoder(self.tokenizer, params.return_log_probs)
-        elif self.route is Route.LLMAPI:
-            decoder = llmapi_route.LlmapiDecoder(self.tokenizer)
-        else:
-            decoder = _TextDecoder(self.tokenizer, params.return_log_probs)
-        return _Sequence(index, decoder, StopStringMatcher(params.stop))
+        return _Sequence(index, self.path.decoder(params), StopStringMatcher(params.stop))
 
     def _results(self, request: PreparedRequest) -> AsyncGenerator[InferResult, None]:
         """The Triton stream of a request (with the LoRA cache protocol when it names one)."""
@@ -366,7 +311,7 @@ class Generator:
                             received = True
                         yield result
                 return
-            except TritonModelError as error:
+            except EngineModelError as error:
                 evicted = "not found" in str(error).lower()
                 if received or send_weights or not evicted or attempt:
                     raise
@@ -376,37 +321,12 @@ class Generator:
     def _triton_inputs(
         self, request: PreparedRequest, send_lora_weights: bool
     ) -> tuple[dict[str, np.ndarray], list[str]]:
-        params = request.params
         lora = None
         if request.lora is not None:
             weights, config = request.lora.tensors() if send_lora_weights else (None, None)
             lora = LoraTensors(request.lora.task_id, weights, config)
-        if self.route is Route.DIRECT:
-            return direct_tensors(params, self._token_ids(request), lora), direct_outputs(params)
-        if self.route is Route.LLMAPI:
-            return llmapi_route.tensors(request.prompt, params), llmapi_route.OUTPUTS
-        # The ensemble hands stop words to the engine only, so it gets the variants too; the BLS
-        # also cuts its text at them, which must happen at the stop strings as sent.
-        stop_words = engine_stop_words(params.stop) if self.route is Route.ENSEMBLE else None
-        tensors = text_tensors(request.prompt, params, params.end_id, lora, stop_words)
-        return tensors, text_outputs(params)
-
-    def _token_ids(self, request: PreparedRequest) -> TokenIds:
-        params = request.params
-        end_id = params.end_id if params.end_id is not None else self._eos_id
-        pad_id = params.pad_id if params.pad_id is not None else self._pad_id
-        assert end_id is not None  # checked in prepare()
-        return TokenIds(
-            prompt_ids=request.prompt_ids,
-            end_id=end_id,
-            pad_id=pad_id if pad_id is not None else end_id,
-            stop_words_ids=encode_word_lists(self.tokenizer, [engine_stop_words(params.stop)])
-            if params.stop
-            else None,
-            bad_words_ids=(
-                encode_word_lists(self.tokenizer, [params.bad_words]) if params.bad_words else None
-            ),
-        )
+        tensors, outputs = self.path.inputs(request, lora)
+        return tensors, list(outputs)
 
     async def collect(self, request: PreparedRequest) -> GenerationResult:
         """The non-streaming answer: the same stream, gathered per sequence."""
@@ -440,7 +360,7 @@ class _Sequence:
 
     __slots__ = ("index", "decode", "stops", "generated", "finish_reason")
 
-    def __init__(self, index: int, decode: _Decoder, stops: StopStringMatcher) -> None:
+    def __init__(self, index: int, decode: Decoder, stops: StopStringMatcher) -> None:
         self.index = index
         self.decode = decode
         self.stops = stops
@@ -460,58 +380,9 @@ class _Sequence:
             tail, stopped = self.stops.feed(self.decode.flush())
             if not stopped:
                 tail += self.stops.flush()
-        count = 0
-        if isinstance(self.decode, llmapi_route.LlmapiDecoder):
-            # The model says why it ended, and returns no token ids: the tokenizer counts them.
-            count = self.decode.settle(max_tokens)
-            if not self.stopped and self.decode.finish_reason is not None:
-                self.finish_reason = self.decode.finish_reason
-        elif not self.stopped and self.generated >= max_tokens:
-            self.finish_reason = FinishReason.LENGTH
+        count, reason = self.decode.finish(max_tokens, self.generated)
+        if not self.stopped and reason is not None:
+            self.finish_reason = reason
         return GenerationChunk(
             tail, token_count=count, finish_reason=self.finish_reason, index=self.index
         )
-
-
-class _DirectDecoder:
-    """tensorrt_llm responses → (final text, token ids, token count, log probs)."""
-
-    def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer)
-        self._want_log_probs = want_log_probs
-
-    def __call__(self, result: InferResult) -> tuple[str, list[int], int, list[float] | None]:
-        ids = new_token_ids(result)
-        log_probs = response_log_probs(result, len(ids)) if self._want_log_probs else None
-        return self._detokenizer.feed(ids), ids, len(ids), log_probs
-
-    def flush(self) -> str:
-        return self._detokenizer.flush()
-
-
-class _TextDecoder:
-    """ensemble / BLS responses carry text only. A streamed response is one decoding step, i.e.
-    one token (beam 1); a response without text counts once a later one arrives, since the last
-    response of a stream may be an empty final one. The token ids are the re-encoded text
-    (used for log-prob token strings only)."""
-
-    def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
-        self._tokenizer = tokenizer
-        self._want_log_probs = want_log_probs
-        self._pending = 0
-
-    def __call__(self, result: InferResult) -> tuple[str, list[int], int, list[float] | None]:
-        text = response_text(result)
-        if not text:
-            self._pending += 1
-            return "", [], 0, None
-        count, self._pending = 1 + self._pending, 0
-        ids = self._tokenizer.encode(text, add_special_tokens=False) if self._want_log_probs else []
-        log_probs = response_log_probs(result, count) if self._want_log_probs else None
-        return text, ids, count, log_probs
-
-    def flush(self) -> str:
-        return ""
-
-
-_Decoder = _DirectDecoder | _TextDecoder | llmapi_route.LlmapiDecoder

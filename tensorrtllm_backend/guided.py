@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from .request_errors import RequestError
 from .schemas import GuidedDecoding
 
 # Guide types that need guide text; `json` alone means "any JSON value".
@@ -29,8 +30,11 @@ _ANY_JSON_SCHEMA = "{}"
 _NATIVE_PREFIX = re.compile(r"^(\[[0-9:]+\] \S+:\d+: )?(Check failed: .*? is false: )?")
 
 
-class GuideError(ValueError):
+class GuideError(RequestError):
     """The guide cannot be enforced as sent; the message says why (the compiler's words)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="guided_decoding")
 
 
 def guide_key(guided: GuidedDecoding) -> tuple[str, str]:

@@ -14,12 +14,13 @@ from typing import Any
 
 from .client import TritonLLMClient
 from .engine import EngineInfo, inspect_engine
-from .generation import ROUTE_MODELS, EngineLimits, Generator, Route
+from .generation import EngineLimits, Generator
 from .guided import GuideCompiler
 from .lora import LoraRegistry
 from .metrics import generation_metrics
 from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
+from .routes import ROUTE_MODELS, Route
 from .server import ServerState, TritonSupervisor
 from .settings import load_settings
 from .sharing import SharedTriton

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ..request_errors import RequestError
 from ..schemas import GuidedDecoding
 from .protocol import ResponseFormat, _SamplingFields
 
@@ -20,12 +21,11 @@ from .protocol import ResponseFormat, _SamplingFields
 ANY_OBJECT = json.dumps({"type": "object", "additionalProperties": True})
 
 
-class FormatError(ValueError):
+class FormatError(RequestError):
     """A constraint that cannot be served as sent (HTTP 400 naming `param`)."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..client import TritonModelError, TritonUnavailableError
+from ..engine_api import EngineModelError, EngineUnavailableError
 from ..metrics import generation_metrics
 from ..streaming import coalesce, join_text
 from .protocol import (
@@ -49,11 +49,11 @@ def error_response(error: OpenAIError) -> JSONResponse:
 def _as_openai_error(error: Exception) -> OpenAIError:
     if isinstance(error, OpenAIError):
         return error
-    if isinstance(error, TritonUnavailableError):
+    if isinstance(error, EngineUnavailableError):
         return OpenAIError(
             f"the model server is not available, retry shortly: {error}", 503, "server_error"
         )
-    if isinstance(error, TritonModelError):
+    if isinstance(error, EngineModelError):
         return OpenAIError(f"the model failed on this request: {error}", 502, "server_error")
     raise error
 
@@ -117,8 +117,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         server = serving()
         prepared = await server.prepare_completion(parsed)
         if parsed.stream:
-            usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            events = server.stream_completion(prepared, usage)
+            events = server.stream_completion(prepared, _include_usage(parsed))
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
 
@@ -128,8 +127,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         server = serving()
         prepared, plan = await server.prepare_chat(parsed)
         if parsed.stream:
-            usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            events = server.stream_chat(prepared, usage, plan)
+            events = server.stream_chat(prepared, _include_usage(parsed), plan)
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.chat(prepared, plan)).to_json())
 
@@ -148,6 +146,10 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
     )
 
 
+def _include_usage(request: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
+
+
 async def _streaming_response(events: AsyncIterator[str], interval: int) -> StreamingResponse:
     """Start the stream once its first event exists, so a failure before it gets a real status
     (503, 400...). Errors after the first byte cannot change the status: they are sent as an SSE
@@ -164,7 +166,7 @@ async def _streaming_response(events: AsyncIterator[str], interval: int) -> Stre
         try:
             async for event in stream:
                 yield event
-        except (TritonUnavailableError, TritonModelError) as error:
+        except (EngineUnavailableError, EngineModelError) as error:
             failure = _as_openai_error(error)
             yield sse({"error": {"message": str(failure), "type": failure.kind, "code": None}})
 

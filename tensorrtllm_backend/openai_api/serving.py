@@ -10,7 +10,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from ..generation import Generator, PreparedRequest, RequestError, new_request_id
+from ..generation import Generator, PreparedRequest, new_request_id
+from ..request_errors import RequestError
 from ..schemas import (
     MAX_RETURN_SEQUENCES,
     GuidedDecoding,
@@ -133,13 +134,28 @@ class OpenAIServing(StreamingServing):
             fields["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
 
-    async def _checked(self, prepared: PreparedRequest, guide_param: str | None) -> None:
-        """A guide the engine could not enforce is a 400 quoting the compiler, before Triton
-        sees the request (compiled in a thread, cached)."""
+    async def _prepare(
+        self,
+        request: CompletionRequest | ChatCompletionRequest,
+        prompt: str,
+        params: SamplingParams,
+        guide_param: str | None,
+        api: str,
+        **options: Any,
+    ) -> PreparedRequest:
+        """The core request of an OpenAI request (`options`: more arguments of
+        :meth:`Generator.prepare`). A guide the engine could not enforce is a 400 quoting the
+        compiler, before Triton sees the request (compiled in a thread, cached); every refusal
+        names the OpenAI field, `guide_param` for the guide."""
+        lora = self._lora(request)
         try:
+            prepared = self.generator.prepare(
+                prompt, params, new_request_id(), api=api, lora=lora, **options
+            )
             await self.generator.check_guide(prepared)
         except RequestError as error:
             raise OpenAIError.from_request_error(error, guide_param) from None
+        return prepared
 
     async def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
         self._check_common(request)
@@ -151,18 +167,8 @@ class OpenAIServing(StreamingServing):
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
         param = constraint.param if constraint else None
-        try:
-            prepared = self.generator.prepare(
-                request.prompt,  # type: ignore[arg-type]
-                params,
-                new_request_id(),
-                api="openai_completions",
-                lora=self._lora(request),
-            )
-        except RequestError as error:
-            raise OpenAIError.from_request_error(error, param) from None
-        await self._checked(prepared, param)
-        return prepared
+        prompt: str = request.prompt  # type: ignore[assignment]
+        return await self._prepare(request, prompt, params, param, "openai_completions")
 
     def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         tokenizer = self.generator.tokenizer
@@ -223,15 +229,11 @@ class OpenAIServing(StreamingServing):
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
         prompt = self.render_chat(request, plan)
         params = self._sampling(request, request.logprobs, guide)
-        try:
-            # The template already holds the special tokens (BOS) the model expects.
-            prepared = self.generator.prepare(
-                prompt, params, new_request_id(), add_special_tokens=False,
-                max_tokens_cap=CHAT_MAX_TOKENS_CAP, api="openai_chat", lora=self._lora(request),
-            )  # fmt: skip
-        except RequestError as error:
-            raise OpenAIError.from_request_error(error, guide_param) from None
-        await self._checked(prepared, guide_param)
+        # The template already holds the special tokens (BOS) the model expects.
+        prepared = await self._prepare(
+            request, prompt, params, guide_param, "openai_chat",
+            add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP,
+        )  # fmt: skip
         return prepared, plan
 
     # -- running -----------------------------------------------------------------------------

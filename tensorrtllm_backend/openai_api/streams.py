@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +58,10 @@ class _Event:
     def empty(cls, index: int) -> _Event:
         """Nothing gathered yet for sequence `index`."""
         return cls(index, "", None, [], [], 0)
+
+
+_Render = Callable[["_ChunkEvents", _Event, Any], list[str]]
+"""Turns one event of a streamed answer, with its log probs (or None), into SSE chunk events."""
 
 
 class StreamingServing:
@@ -113,111 +117,106 @@ class StreamingServing:
                     yield event
                     pending[chunk.index] = _Event.empty(chunk.index)
 
-    async def stream_completion(
-        self, prepared: PreparedRequest, include_usage: bool
+    async def _stream(
+        self, prepared: PreparedRequest, include_usage: bool, chat: bool, render: _Render
     ) -> AsyncIterator[str]:
-        events_out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
+        """The SSE events of one streamed answer, chat or completion: `render` turns each event
+        (with its log probs, when asked for) into chunk events; usage and [DONE] follow."""
+        if chat:
+            out = _ChunkEvents(
+                "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
+            )
+            log_probs = self._chat_log_probs
+        else:
+            out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
+            log_probs = self._completion_log_probs
         want = prepared.params.return_log_probs
         completion_tokens = 0
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
                 completion_tokens += event.token_count
                 logprobs = (
-                    self._completion_log_probs(
-                        self._token_strings(event.token_ids), event.log_probs
-                    )
+                    log_probs(self._token_strings(event.token_ids), event.log_probs)
                     if want and event.token_ids
                     else None
                 )
-                yield events_out.choice(
+                for chunk in render(out, event, logprobs):
+                    yield chunk
+        if include_usage:
+            yield out.usage(self._usage(prepared, completion_tokens))
+        yield SSE_DONE
+
+    def stream_completion(
+        self, prepared: PreparedRequest, include_usage: bool
+    ) -> AsyncIterator[str]:
+        def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
+            return [
+                out.choice(
                     event.index,
                     f'"text":{_json(event.text)},"finish_reason":{_json(event.finish_reason)},'
                     f'"logprobs":{_json(logprobs)}',
                 )
-        if include_usage:
-            yield events_out.usage(self._usage(prepared, completion_tokens))
-        yield SSE_DONE
+            ]
 
-    async def stream_chat(
+        return self._stream(prepared, include_usage, False, render)
+
+    def stream_chat(
         self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan | None = None
     ) -> AsyncIterator[str]:
         if plan is not None and plan.parses_calls:
-            async for event in self._stream_chat_calls(prepared, include_usage, plan):
-                yield event
-            return
-        events_out = _ChunkEvents(
-            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
-        )
-        want = prepared.params.return_log_probs
-        completion_tokens = 0
+            return self._stream(prepared, include_usage, True, _ToolCallChunks(plan))
         role_sent: set[int] = set()
-        async with aclosing(self._events(prepared)) as events:
-            async for event in events:
-                if event.index not in role_sent:  # once Triton answered: failures get a status
-                    yield events_out.choice(
-                        event.index,
-                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
-                    )
-                    role_sent.add(event.index)
-                completion_tokens += event.token_count
-                logprobs = (
-                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
-                    if want and event.token_ids
-                    else None
-                )
-                yield events_out.choice(
+
+        def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
+            chunks = []
+            if event.index not in role_sent:  # once Triton answered: failures get a status
+                chunks.append(out.choice(event.index, _ROLE_DELTA))
+                role_sent.add(event.index)
+            chunks.append(
+                out.choice(
                     event.index,
                     f'"delta":{{"content":{_json(event.text)}}},'
                     f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}',
                 )
-        if include_usage:
-            yield events_out.usage(self._usage(prepared, completion_tokens))
-        yield SSE_DONE
+            )
+            return chunks
 
-    async def _stream_chat_calls(
-        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan
-    ) -> AsyncIterator[str]:
-        """stream_chat for answers that may call tools: each sequence's text goes through its
-        tool-call extractor, whose deltas are sent as they become certain."""
-        events_out = _ChunkEvents(
-            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
-        )
-        want = prepared.params.return_log_probs
-        completion_tokens = 0
-        streams: dict[int, ToolStream] = {}
-        async with aclosing(self._events(prepared)) as events:
-            async for event in events:
-                stream = streams.get(event.index)
-                if stream is None:
-                    stream = streams[event.index] = ToolStream(plan.parser())
-                    yield events_out.choice(
-                        event.index,
-                        '"delta":{"role":"assistant","content":""},"finish_reason":null',
-                    )
-                completion_tokens += event.token_count
-                logprobs = (
-                    self._chat_log_probs(self._token_strings(event.token_ids), event.log_probs)
-                    if want and event.token_ids
-                    else None
+        return self._stream(prepared, include_usage, True, render)
+
+
+_ROLE_DELTA = '"delta":{"role":"assistant","content":""},"finish_reason":null'
+
+
+class _ToolCallChunks:
+    """Chat chunks of answers that may call tools: each sequence's text goes through its
+    tool-call extractor, whose deltas are sent as they become certain."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self._plan = plan
+        self._streams: dict[int, ToolStream] = {}
+
+    def __call__(self, out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
+        chunks = []
+        stream = self._streams.get(event.index)
+        if stream is None:
+            stream = self._streams[event.index] = ToolStream(self._plan.parser())
+            chunks.append(out.choice(event.index, _ROLE_DELTA))
+        final = event.finish_reason is not None
+        deltas = stream.deltas(event.text, final)
+        if logprobs is not None and not deltas:
+            deltas = ['{"content":""}']
+        for delta in deltas:
+            chunks.append(
+                out.choice(
+                    event.index,
+                    f'"delta":{delta},"finish_reason":null,"logprobs":{_json(logprobs)}',
                 )
-                final = event.finish_reason is not None
-                deltas = stream.deltas(event.text, final)
-                if logprobs is not None and not deltas:
-                    deltas = ['{"content":""}']
-                for delta in deltas:
-                    yield events_out.choice(
-                        event.index,
-                        f'"delta":{delta},"finish_reason":null,"logprobs":{_json(logprobs)}',
-                    )
-                    logprobs = None
-                if final:
-                    finish = call_finish_reason(event.finish_reason, stream.calls > 0)
-                    yield events_out.choice(
-                        event.index, f'"delta":{{}},"finish_reason":{_json(finish)}'
-                    )
-        if include_usage:
-            yield events_out.usage(self._usage(prepared, completion_tokens))
-        yield SSE_DONE
+            )
+            logprobs = None
+        if final:
+            finish = call_finish_reason(event.finish_reason, stream.calls > 0)
+            chunks.append(out.choice(event.index, f'"delta":{{}},"finish_reason":{_json(finish)}'))
+        return chunks
 
 
 class _ChunkEvents:

@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..request_errors import RequestError
 from ..schemas import GuidedDecoding
 from .protocol import ChatCompletionRequest, NamedToolChoice, Tool, ToolCall, ToolCallFunction
 from .tool_parsers import (
@@ -32,12 +33,11 @@ from .tool_parsers import (
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class ToolError(ValueError):
+class ToolError(RequestError):
     """A tools request that cannot be served as sent (HTTP 400 naming `param`)."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)
 
 
 def new_call_id() -> str:

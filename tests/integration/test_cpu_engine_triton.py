@@ -24,14 +24,11 @@ grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import InferInput, InferRequestedOutput  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tensorrtllm_backend.client import (  # noqa: E402
-    TritonLLMClient,
-    TritonModelError,
-    TritonUnavailableError,
-)
+from tensorrtllm_backend.client import TritonLLMClient  # noqa: E402
 from tensorrtllm_backend.cpu_engine.config import write_engine_dir  # noqa: E402
 from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens  # noqa: E402
+from tensorrtllm_backend.engine_api import EngineModelError, EngineUnavailableError  # noqa: E402
 from tensorrtllm_backend.repository import fill_repository  # noqa: E402
 from tensorrtllm_backend.server import TritonSupervisor  # noqa: E402
 from tensorrtllm_backend.triton_command import TritonServerConfig  # noqa: E402
@@ -754,7 +751,7 @@ async def test_service_client_reports_a_model_error(triton) -> None:
     client = TritonLLMClient(triton.grpc_url)
     try:
         too_long = client_tensors(list(range(3, 3 + 65)), 4)  # FAST's max_input_len is 64
-        with pytest.raises(TritonModelError):
+        with pytest.raises(EngineModelError):
             await client_tokens(client.stream(FAST, too_long, OUTPUTS, "svc-error"))
     finally:
         await client.close()
@@ -781,7 +778,7 @@ async def test_service_client_leaving_early_cancels_the_engine_request(triton) -
 async def test_service_client_without_a_server_is_unavailable() -> None:
     client = TritonLLMClient("127.0.0.1:1")
     try:
-        with pytest.raises(TritonUnavailableError):
+        with pytest.raises(EngineUnavailableError):
             await client_tokens(client.stream(FAST, client_tensors(PROMPT, 2), OUTPUTS, "x"))
     finally:
         await client.close()

@@ -20,8 +20,9 @@ from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.generation import EngineLimits, Generator, Route
+from tensorrtllm_backend.generation import EngineLimits, Generator
 from tensorrtllm_backend.lora import LORAS, LoraRegistry
+from tensorrtllm_backend.routes import Route
 from tensorrtllm_backend.schemas import SamplingParams
 from tensorrtllm_backend.server import TritonSupervisor
 from tensorrtllm_backend.triton_command import TritonServerConfig

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tensorrtllm_backend.client import DRAIN_RESPONSES, TritonClientError, TritonLLMClient
+from tensorrtllm_backend.client import TritonLLMClient
+from tensorrtllm_backend.engine_api import DRAIN_RESPONSES, EngineError
 from tensorrtllm_backend.generation import Generator, _Sequence
 from tensorrtllm_backend.tokenization import StopStringMatcher
 
@@ -35,7 +36,7 @@ class FakeStream:
                 self.read += 1
                 yield index
             if self.fail:
-                raise TritonClientError("stream broke")
+                raise EngineError("stream broke")
             self.ended = True
         finally:
             if not self.ended:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tensorrtllm_backend.client import (
-    TritonInstanceDeadError,
-    TritonLLMClient,
-    TritonModelError,
-    TritonUnavailableError,
-    dead_instance,
+from tensorrtllm_backend.client import TritonLLMClient, dead_instance
+from tensorrtllm_backend.engine_api import (
+    EngineInstanceDeadError,
+    EngineModelError,
+    EngineUnavailableError,
 )
 from tensorrtllm_backend.errors import as_api_error
 
@@ -37,15 +36,15 @@ async def test_a_dead_instance_is_reported_once_per_response_and_is_a_503() -> N
     client = TritonLLMClient("127.0.0.1:1", on_dead_instance=reported.append)
     try:
         error = client._model_error("ensemble", IN_ENSEMBLE)
-        assert isinstance(error, TritonInstanceDeadError)
-        assert isinstance(error, TritonUnavailableError)
+        assert isinstance(error, EngineInstanceDeadError)
+        assert isinstance(error, EngineUnavailableError)
         assert error.instance == "postprocessing_0_0"
         assert reported == ["postprocessing_0_0"]
         api_error = as_api_error(error)
         assert api_error.status == 503 and "retry shortly" in str(api_error)
 
         other = client._model_error("ensemble", "in ensemble 'ensemble', bad input")
-        assert type(other) is TritonModelError
+        assert type(other) is EngineModelError
         assert reported == ["postprocessing_0_0"]  # nothing more to restart for
         assert as_api_error(other).status == 502
     finally:

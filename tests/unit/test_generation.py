@@ -12,14 +12,18 @@ from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.generation import EngineLimits, Generator, RequestError, Route
+from tensorrtllm_backend.generation import EngineLimits, Generator
+from tensorrtllm_backend.request_errors import RequestError
+from tensorrtllm_backend.routes import Route
+from tensorrtllm_backend.routes.direct import direct_outputs
+from tensorrtllm_backend.routes.text import text_outputs
 from tensorrtllm_backend.schemas import (
     FinishReason,
     GenerationResult,
     SamplingParams,
     SequenceResult,
 )
-from tensorrtllm_backend.translation import direct_outputs, engine_stop_words, text_outputs
+from tensorrtllm_backend.translation import engine_stop_words
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
 
@@ -45,14 +49,14 @@ def test_sequences_beyond_the_batch_size_are_refused(generator: Generator) -> No
     assert caught.value.param == "num_return_sequences" and caught.value.status == 400
 
 
-def test_ensemble_route_refuses_several_sequences(tokenizer) -> None:
+async def test_ensemble_route_refuses_several_sequences(tokenizer) -> None:
     generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=Route.ENSEMBLE)
     with pytest.raises(RequestError, match="sequence_index"):
         generator.prepare("Once upon", SamplingParams(num_return_sequences=2))
     assert generator.prepare("Once upon", SamplingParams()).params.num_return_sequences == 1
 
 
-def test_sequences_with_beam_search_are_refused(tokenizer) -> None:
+async def test_sequences_with_beam_search_are_refused(tokenizer) -> None:
     limits = EngineLimits(64, 512, max_beam_width=4, max_batch_size=8)
     generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, limits)
     with pytest.raises(RequestError, match="beam_width 1"):
@@ -112,7 +116,7 @@ def test_engine_gets_each_stop_string_with_a_leading_space_too(
     assert engine_stop_words(stops) == sent
 
 
-def test_stop_words_reach_the_engine_on_every_route(tokenizer) -> None:
+async def test_stop_words_reach_the_engine_on_every_route(tokenizer) -> None:
     params = SamplingParams(stop=["fox"])
     for route in Route:
         generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route)

@@ -12,8 +12,10 @@ from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.client import TritonLLMClient
 from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.generation import EngineLimits, Generator, RequestError, Route
+from tensorrtllm_backend.generation import EngineLimits, Generator
 from tensorrtllm_backend.guided import GuideCompiler, GuideError, check_guide_text
+from tensorrtllm_backend.request_errors import RequestError
+from tensorrtllm_backend.routes import Route
 from tensorrtllm_backend.schemas import GuidedDecoding, SamplingParams
 
 pytest.importorskip("xgrammar")
@@ -131,11 +133,12 @@ ENGINE_ROUTES = [route for route in Route if route is not Route.LLMAPI]
 
 
 def _generator(tokenizer, route: Route, **kwargs) -> Generator:
+    """Call from async tests: grpc.aio binds a client's channel to the running event loop."""
     return Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route, **kwargs)
 
 
 @pytest.mark.parametrize("route", ENGINE_ROUTES)
-def test_every_route_sends_the_guide_tensors(tokenizer, route: Route) -> None:
+async def test_every_route_sends_the_guide_tensors(tokenizer, route: Route) -> None:
     generator = _generator(tokenizer, route)
     params = SamplingParams(guided_decoding=GuidedDecoding(type="json_schema", guide=SCHEMA))
     tensors, _ = generator._triton_inputs(generator.prepare("Hi", params), False)
@@ -146,7 +149,7 @@ def test_every_route_sends_the_guide_tensors(tokenizer, route: Route) -> None:
 
 
 @pytest.mark.parametrize("route", ENGINE_ROUTES)
-def test_json_without_guide_sends_the_type_alone(tokenizer, route: Route) -> None:
+async def test_json_without_guide_sends_the_type_alone(tokenizer, route: Route) -> None:
     generator = _generator(tokenizer, route)
     params = SamplingParams(guided_decoding=GuidedDecoding(type="json"))
     tensors, _ = generator._triton_inputs(generator.prepare("Hi", params), False)
@@ -154,7 +157,7 @@ def test_json_without_guide_sends_the_type_alone(tokenizer, route: Route) -> Non
     assert "guided_decoding_guide" not in tensors
 
 
-def test_the_llmapi_route_refuses_a_guide(tokenizer) -> None:
+async def test_the_llmapi_route_refuses_a_guide(tokenizer) -> None:
     generator = _generator(tokenizer, Route.LLMAPI)
     params = SamplingParams(guided_decoding=GuidedDecoding(type="json_schema", guide=SCHEMA))
     with pytest.raises(RequestError, match="guided decoding") as raised:
@@ -162,7 +165,7 @@ def test_the_llmapi_route_refuses_a_guide(tokenizer) -> None:
     assert raised.value.param == "guided_decoding"
 
 
-def test_unguided_request_sends_no_guide_tensor(tokenizer) -> None:
+async def test_unguided_request_sends_no_guide_tensor(tokenizer) -> None:
     generator = _generator(tokenizer, Route.DIRECT)
     tensors, _ = generator._triton_inputs(generator.prepare("Hi", SamplingParams()), False)
     assert not any(name.startswith("guided_decoding") for name in tensors)
@@ -181,7 +184,7 @@ async def test_generator_turns_guide_errors_into_request_errors(tokenizer) -> No
     await generator.client.close()
 
 
-def test_model_without_guided_decoding_refuses_guides(tokenizer) -> None:
+async def test_model_without_guided_decoding_refuses_guides(tokenizer) -> None:
     generator = _generator(tokenizer, Route.DIRECT, guides_unsupported="guided decoding is off")
     with pytest.raises(RequestError, match="guided decoding is off"):
         generator.prepare("Hi", SamplingParams(guided_decoding=GuidedDecoding(type="json")))

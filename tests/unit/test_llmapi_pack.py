@@ -239,7 +239,7 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
     manifest, one tritonserver with auto-complete on (the LLM API starts its tp x pp ranks
     itself), and one GPU per rank asked of BentoML."""
     from tensorrtllm_backend.deployment import resources
-    from tensorrtllm_backend.generation import Route
+    from tensorrtllm_backend.routes import Route
     from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
     from tensorrtllm_backend.triton_command import TritonPorts, TritonServerConfig, build_command
     from tensorrtllm_backend.triton_install import TritonInstallation

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from tensorrtllm_backend.llmapi_route import (
+from tensorrtllm_backend.routes.llmapi import (
     OUTPUTS,
     LlmapiDecoder,
     LlmapiRequestError,

@@ -19,8 +19,10 @@ from tensorrtllm_backend.lora import (
     task_id_for,
 )
 from tensorrtllm_backend.packing import PackError, _check_loras
+from tensorrtllm_backend.routes.direct import TokenIds, direct_tensors
+from tensorrtllm_backend.routes.text import text_tensors
 from tensorrtllm_backend.schemas import SamplingParams
-from tensorrtllm_backend.translation import LoraTensors, TokenIds, direct_tensors, text_tensors
+from tensorrtllm_backend.translation import LoraTensors
 
 
 def write_adapter(path: Path, rows: int = 4, width: int = 32, leading_one: bool = True) -> Path:

@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from .schemas import FinishReason, SamplingParams
+from ..request_errors import RequestError
+from ..schemas import FinishReason, SamplingParams
+from ..translation import LoraTensors, sampling_values
+from .base import Decoded, EngineRoute, Route, RouteRequest
 
 OUTPUTS = ["text_output", "finish_reason"]
 _REASONS = {
@@ -36,12 +39,11 @@ _UNSUPPORTED: dict[str, str] = {
 }
 
 
-class LlmapiRequestError(ValueError):
-    """What this workflow cannot do; `param` names the field to change."""
+class LlmapiRequestError(RequestError):
+    """What this workflow cannot do (HTTP 400); `param` names the field to change."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)
 
 
 def _refuse(what: str, param: str) -> LlmapiRequestError:
@@ -78,6 +80,10 @@ def check_request(params: SamplingParams, lora: str | None) -> None:
         )
 
 
+# The sampling fields the llmapi model reads, each as `sampling_param_<field>`.
+_SAMPLING = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "seed")
+
+
 def _one(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
     return np.array([value], dtype=dtype)
 
@@ -85,14 +91,8 @@ def _one(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
 def tensors(prompt: str, params: SamplingParams) -> dict[str, np.ndarray]:
     """Inputs of the llmapi `tensorrt_llm` model: always streamed, prompt never echoed (the
     service prepends it itself when asked), finish reason requested."""
-    values: dict[str, tuple[Any, type[np.generic]]] = {
-        "sampling_param_temperature": (params.temperature, np.float32),
-        "sampling_param_top_k": (params.top_k, np.int32),
-        "sampling_param_top_p": (params.top_p, np.float32),
-        "sampling_param_presence_penalty": (params.presence_penalty, np.float32),
-        "sampling_param_frequency_penalty": (params.frequency_penalty, np.float32),
-        "sampling_param_seed": (params.seed, np.uint64),
-    }
+    values = sampling_values(params)
+    sampling = {f"sampling_param_{field}": values[field] for field in _SAMPLING}
     inputs = {
         "text_input": np.array([prompt.encode()], dtype=np.object_),
         "streaming": _one(True, np.bool_),
@@ -100,7 +100,9 @@ def tensors(prompt: str, params: SamplingParams) -> dict[str, np.ndarray]:
         "sampling_param_exclude_input_from_output": _one(True, np.bool_),
         "return_finish_reason": _one(True, np.bool_),
         **{
-            name: _one(value, dtype) for name, (value, dtype) in values.items() if value is not None
+            name: _one(value, dtype)  # type: ignore[arg-type]
+            for name, (value, dtype) in sampling.items()
+            if value is not None
         },
     }
     if params.stop:
@@ -132,7 +134,7 @@ class LlmapiDecoder:
         self.counted = 0
         self.finish_reason: FinishReason | None = None
 
-    def __call__(self, result: InferResult) -> tuple[str, list[int], int, list[float] | None]:
+    def __call__(self, result: InferResult) -> Decoded:
         reason = _string(result, "finish_reason")
         if reason in _REASONS:
             self.finish_reason = _REASONS[reason]
@@ -162,3 +164,25 @@ class LlmapiDecoder:
             return max_tokens - self.counted
         total = len(self._tokenizer.encode(self._text, add_special_tokens=False))
         return min(total, max_tokens) - self.counted
+
+    def finish(self, max_tokens: int, generated: int) -> tuple[int, FinishReason | None]:
+        """The model says why it ended, and returns no token ids: the tokenizer counts them."""
+        return self.settle(max_tokens), self.finish_reason
+
+
+class LlmapiRoute(EngineRoute):
+    """Text through NVIDIA's LLM-API `tensorrt_llm` model (the checkpoint workflow)."""
+
+    route = Route.LLMAPI
+    model_name = "tensorrt_llm"
+
+    def check(self, params: SamplingParams, lora: str | None) -> None:
+        check_request(params, lora)
+
+    def inputs(
+        self, request: RouteRequest, lora: LoraTensors | None
+    ) -> tuple[dict[str, np.ndarray], list[str]]:
+        return tensors(request.prompt, request.params), OUTPUTS
+
+    def decoder(self, params: SamplingParams) -> LlmapiDecoder:
+        return LlmapiDecoder(self.tokenizer)

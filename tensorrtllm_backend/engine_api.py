@@ -1,0 +1,78 @@
+"""What the request path needs from the inference server, and the errors it answers with.
+
+:class:`~.generation.Generator`, the native API and the OpenAI adapter see only
+:class:`InferenceEngine` and these error types: the gRPC client (:mod:`.client`) implements the
+interface and maps gRPC statuses and Triton error messages to the errors, so nothing above it
+depends on gRPC or on how tritonserver words its failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from tritonclient.grpc import InferResult
+
+# How many more responses a stream handed to InferenceEngine.let_finish may take to end on its
+# own, and for how long, before it is cancelled after all.
+DRAIN_RESPONSES = 4
+DRAIN_TIMEOUT_S = 5.0
+
+
+class EngineError(RuntimeError):
+    """A request to the inference server failed."""
+
+
+class EngineUnavailableError(EngineError):
+    """The inference server is down, restarting or unreachable: retry later (HTTP 503)."""
+
+
+class EngineModelError(EngineError):
+    """A model in the inference server answered the request with an error (HTTP 502)."""
+
+
+class EngineInstanceDeadError(EngineUnavailableError):
+    """A Python model's stub process died (killed, out of memory, crashed) or stopped answering
+    Triton's health checks. Triton 2.51 then fails every later request to that model instance
+    and never starts a new stub: only a restart of tritonserver brings the model back."""
+
+    def __init__(self, message: str, instance: str) -> None:
+        super().__init__(message)
+        self.instance = instance
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """Streaming inference against one inference server, shared by all requests.
+
+    `open_streams` and `responses_received` are progress counters for the stall watchdog.
+    """
+
+    open_streams: int
+    responses_received: int
+
+    def stream(
+        self,
+        model_name: str,
+        tensors: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_id: str,
+    ) -> AsyncGenerator[InferResult, None]:
+        """Each response of one (decoupled) request; closing the generator early cancels the
+        request. Failures raise :class:`EngineError` subclasses."""
+        ...
+
+    def let_finish(
+        self,
+        responses: AsyncGenerator[Any, None],
+        max_responses: int = DRAIN_RESPONSES,
+        timeout_s: float = DRAIN_TIMEOUT_S,
+    ) -> None:
+        """Read and drop the rest of a stream nobody needs, in the background, cancelling it only
+        if it does not end on its own within `max_responses` responses or `timeout_s`."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the streams left to finish and release the connection."""
+        ...

@@ -1,0 +1,102 @@
+"""What a route is: the Triton model a request goes to, the checks only that model needs, the
+tensors it is sent and how its responses become text.
+
+:class:`~..generation.Generator` owns a request's lifecycle (validation against the engine,
+the stream, stop strings, cancellation, metrics) and asks its route for everything that depends
+on the model behind it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from tritonclient.grpc import InferResult
+
+from ..schemas import FinishReason, SamplingParams
+from ..translation import LoraTensors
+
+
+class Route(str, enum.Enum):
+    """Which way through Triton a request takes."""
+
+    DIRECT = "direct"  # service tokenizes; tensorrt_llm only
+    ENSEMBLE = "ensemble"  # preprocessing → tensorrt_llm → postprocessing
+    BLS = "bls"  # tensorrt_llm_bls python model
+    LLMAPI = "llmapi"  # NVIDIA's LLM-API tensorrt_llm python model (checkpoint workflow)
+
+
+ROUTE_MODELS = {
+    Route.DIRECT: "tensorrt_llm",
+    Route.ENSEMBLE: "ensemble",
+    Route.BLS: "tensorrt_llm_bls",
+    Route.LLMAPI: "tensorrt_llm",
+}
+
+Decoded = tuple[str, list[int], int, list[float] | None]
+"""One response as (final text, token ids, token count, log probs)."""
+
+
+class Decoder(Protocol):
+    """Turns one sequence's responses into text as it becomes final."""
+
+    def __call__(self, result: InferResult) -> Decoded: ...
+
+    def flush(self) -> str:
+        """Text held back (a partial character) once the stream ended."""
+        ...
+
+    def finish(self, max_tokens: int, generated: int) -> tuple[int, FinishReason | None]:
+        """Once the stream ended: tokens to add to the `generated` count (may be negative), and
+        why the sequence ended, where the responses tell (None: it ended on its own)."""
+        ...
+
+
+class RouteRequest(Protocol):
+    """What a route reads of a prepared request."""
+
+    prompt: str
+    params: SamplingParams
+    prompt_ids: list[int]
+
+
+class EngineRoute:
+    """One way through Triton; subclasses build its tensors and decode its responses."""
+
+    route: Route
+    model_name: str
+    # Why this route returns one sequence per request (None: it returns several).
+    single_sequence: str | None = None
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def check(self, params: SamplingParams, lora: str | None) -> None:
+        """Raise a RequestError for what this route's model cannot serve (before the engine's
+        own limits are checked)."""
+
+    def check_prepared(self, params: SamplingParams) -> None:
+        """Raise a RequestError for what this route cannot serve of the final parameters."""
+
+    def inputs(
+        self, request: RouteRequest, lora: LoraTensors | None
+    ) -> tuple[dict[str, np.ndarray], Sequence[str]]:
+        """The request's input tensors and the outputs to ask for."""
+        raise NotImplementedError
+
+    def decoder(self, params: SamplingParams) -> Decoder:
+        """A decoder for one of the request's sequences."""
+        raise NotImplementedError
+
+
+class StepDecoder:
+    """Shared end of the engine routes' decoders: nothing held back unless a subclass says so,
+    and a sequence that produced max_tokens ended for length."""
+
+    def flush(self) -> str:
+        return ""
+
+    def finish(self, max_tokens: int, generated: int) -> tuple[int, FinishReason | None]:
+        return 0, FinishReason.LENGTH if generated >= max_tokens else None

@@ -1,0 +1,108 @@
+"""Route objects: one per way through Triton, each with its model, its own refusals, its tensors
+and its decoders; the engine interface the request path streams through; and the one
+RequestError every service-side refusal is."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from tensorrtllm_backend.client import TritonLLMClient
+from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.engine_api import InferenceEngine
+from tensorrtllm_backend.generation import EngineLimits, Generator
+from tensorrtllm_backend.guided import check_guide_text
+from tensorrtllm_backend.openai_api.protocol import ChatCompletionRequest
+from tensorrtllm_backend.openai_api.tools import plan_tools
+from tensorrtllm_backend.request_errors import RequestError
+from tensorrtllm_backend.routes import ROUTE_MODELS, Route, make_route
+from tensorrtllm_backend.routes.llmapi import check_request
+from tensorrtllm_backend.schemas import FinishReason, GuidedDecoding, SamplingParams
+
+LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+
+
+@pytest.mark.parametrize("route", list(Route))
+def test_each_route_has_an_object_calling_its_model(route: Route, tokenizer) -> None:
+    path = make_route(route, tokenizer)
+    assert path.route is route
+    assert path.model_name == ROUTE_MODELS[route]
+
+
+@pytest.mark.parametrize("route", list(Route))
+async def test_the_generator_asks_its_route_for_the_tensors(route: Route, tokenizer) -> None:
+    client = TritonLLMClient("127.0.0.1:1")
+    generator = Generator(client, tokenizer, LIMITS, route=route)
+    prepared = generator.prepare("The fox", SamplingParams(max_tokens=3))
+    tensors, outputs = generator._triton_inputs(prepared, False)
+    expected_tensors, expected_outputs = make_route(route, tokenizer).inputs(prepared, None)
+    assert generator.model_name == ROUTE_MODELS[route]
+    assert sorted(tensors) == sorted(expected_tensors)
+    assert outputs == list(expected_outputs)
+    await client.close()
+
+
+@pytest.mark.parametrize("route", [Route.DIRECT, Route.ENSEMBLE, Route.BLS])
+@pytest.mark.parametrize(("generated", "reason"), [(5, FinishReason.LENGTH), (4, None)])
+def test_engine_routes_end_for_length_at_max_tokens(
+    route: Route, generated: int, reason: FinishReason | None, tokenizer
+) -> None:
+    decoder = make_route(route, tokenizer).decoder(SamplingParams(max_tokens=5))
+    assert decoder.finish(5, generated) == (0, reason)
+
+
+def test_the_direct_route_needs_an_end_token(tokenizer) -> None:
+    without_eos = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer())
+    path = make_route(Route.DIRECT, without_eos)
+    with pytest.raises(RequestError, match="pass end_id") as caught:
+        path.check_prepared(SamplingParams())
+    assert caught.value.param == "end_id"
+    path.check_prepared(SamplingParams(end_id=2))
+    make_route(Route.BLS, without_eos).check_prepared(SamplingParams())  # the model ends it
+
+
+def test_only_the_ensemble_returns_one_sequence(tokenizer) -> None:
+    single = {route: make_route(route, tokenizer).single_sequence for route in Route}
+    assert single[Route.ENSEMBLE] is not None and "sequence_index" in single[Route.ENSEMBLE]
+    assert single[Route.DIRECT] is single[Route.BLS] is None
+
+
+async def test_the_grpc_client_is_an_inference_engine() -> None:
+    assert isinstance(TritonLLMClient("127.0.0.1:1"), InferenceEngine)
+
+
+def _llmapi_refusal() -> None:
+    check_request(SamplingParams(min_tokens=2), None)
+
+
+def _guide_refusal() -> None:
+    check_guide_text(GuidedDecoding(type="regex"))
+
+
+def _tool_refusal() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}
+    )
+    plan_tools(request, None, True)
+
+
+@pytest.mark.parametrize(
+    ("refuse", "param"),
+    [
+        (_llmapi_refusal, "min_tokens"),
+        (_guide_refusal, "guided_decoding"),
+        (_tool_refusal, "tool_choice"),
+    ],
+)
+def test_service_side_refusals_are_request_errors(refuse, param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        refuse()
+    assert caught.value.status == 400
+    assert caught.value.param == param
