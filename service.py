@@ -18,7 +18,7 @@ import bentoml
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from tensorrtllm_backend.deployment import (
+from tensorrtllm_backend.serving.deployment import (
     end_serving,
     freeze_startup_heap,
     lengthen_keep_alive,
@@ -29,24 +29,24 @@ from tensorrtllm_backend.deployment import (
     tracing_config,
     traffic,
 )
-from tensorrtllm_backend.errors import (
+from tensorrtllm_backend.serving.errors import (
     NativeErrorMiddleware,
     StreamAborted,
     as_api_error,
     error_response,
     log_api_errors_briefly,
 )
-from tensorrtllm_backend.generation import PreparedRequest
-from tensorrtllm_backend.guard import GuardMiddleware
-from tensorrtllm_backend.metrics_export import build_triton_metrics_app
-from tensorrtllm_backend.openai_api.routes import build_openai_app
-from tensorrtllm_backend.openai_api.serving import OpenAIServing
-from tensorrtllm_backend.request_errors import RequestError
-from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings, worker_count
-from tensorrtllm_backend.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.serving.generation import PreparedRequest
+from tensorrtllm_backend.serving.guard import GuardMiddleware
+from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
+from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
+from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
+from tensorrtllm_backend.serving.request_errors import RequestError
+from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings, worker_count
+from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.serving.streaming import coalesce, join_text
 from tensorrtllm_backend.settings import load_settings
-from tensorrtllm_backend.streaming import coalesce, join_text
-from tensorrtllm_backend.triton_install import TritonSetupError
+from tensorrtllm_backend.triton.install import TritonSetupError
 
 logger = logging.getLogger("bentoml.trtllm")
 

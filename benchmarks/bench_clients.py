@@ -23,8 +23,8 @@ import aiohttp
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.routes.direct import new_token_ids
+from tensorrtllm_backend.serving.routes.direct import new_token_ids
+from tensorrtllm_backend.triton.client import TritonLLMClient
 
 from .bench_stats import RequestRecord
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tensorrtllm_backend.repository import localize_repository
-from tensorrtllm_backend.runtime import engine_instances
-from tensorrtllm_backend.server import TritonSupervisor
-from tensorrtllm_backend.triton_command import TritonServerConfig, find_free_port
+from tensorrtllm_backend.build.repository import localize_repository
+from tensorrtllm_backend.serving.runtime import engine_instances
+from tensorrtllm_backend.triton.command import TritonServerConfig, find_free_port
+from tensorrtllm_backend.triton.supervisor import TritonSupervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent

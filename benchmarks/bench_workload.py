@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
-from tensorrtllm_backend.client import make_inputs
-from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens
-from tensorrtllm_backend.tokenization import decode, load_tokenizer
+from tensorrtllm_backend.common.tokenization import decode, load_tokenizer
+from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
+from tensorrtllm_backend.triton.client import make_inputs
 
 from .bench_clients import NO_END_ID, PromptCase
 

@@ -270,7 +270,7 @@ def phase_breakdown(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def phase_demo(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     import asyncio
 
-    from tensorrtllm_backend.tokenization import load_tokenizer
+    from tensorrtllm_backend.common.tokenization import load_tokenizer
 
     started = time.perf_counter()
     model = procs.pack(

@@ -60,7 +60,7 @@ from benchmarks.bench_stats import (
     format_table,
     summarize,
 )
-from tensorrtllm_backend.triton_command import find_free_port
+from tensorrtllm_backend.triton.command import find_free_port
 
 ALL_TARGETS = ("grpc_direct", "triton_generate_stream", "native", "openai", "baseline")
 ROUTE_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
@@ -552,7 +552,7 @@ async def measure_remote(
 ) -> None:
     count_tokens: Callable[[str], int] | None = None
     if run.args.tokenizer_dir is not None:
-        from tensorrtllm_backend.tokenization import load_tokenizer
+        from tensorrtllm_backend.common.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(run.args.tokenizer_dir)
 

@@ -62,7 +62,7 @@ class Predictor:
     def __init__(self, model_tag: str) -> None:
         import bentoml
 
-        from tensorrtllm_backend.tokenization import load_tokenizer
+        from tensorrtllm_backend.common.tokenization import load_tokenizer
 
         root = Path(bentoml.models.get(model_tag).path)
         config = json.loads((root / "engines" / "config.json").read_text())
@@ -75,7 +75,7 @@ class Predictor:
         self.tokenizer = load_tokenizer(root / "tokenizer")
 
     def expected(self, prompt: str, max_tokens: int) -> str:
-        from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens
+        from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
 
         ids = self.tokenizer.encode(prompt)
         tokens = predict_tokens(

@@ -63,8 +63,8 @@ _marks: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 def _patch(log: Any) -> None:
     import uvicorn.protocols.http.httptools_impl as httptools_impl
 
-    from tensorrtllm_backend import client as client_module
-    from tensorrtllm_backend import guard
+    from tensorrtllm_backend.serving import guard
+    from tensorrtllm_backend.triton import client as client_module
 
     protocol = httptools_impl.HttpToolsProtocol
     cycle_class = httptools_impl.RequestResponseCycle

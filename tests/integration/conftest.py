@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from tensorrtllm_backend.triton_command import find_free_port
+from tensorrtllm_backend.triton.command import find_free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -69,7 +69,7 @@ def test_bento_source_has_service_and_templates(built_bento: bentoml.Bento) -> N
     for model in ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
         assert (templates / model / "1" / "model.py").is_file(), model
     assert (templates / "ensemble" / "1").is_dir()  # Triton needs the version folder
-    assert (src / "tensorrtllm_backend" / "cpu_engine" / "corpus.txt").is_file()
+    assert (src / "tensorrtllm_backend" / "build" / "corpus.txt").is_file()
     assert not (src / "tests").exists()
     assert not list(src.rglob("__pycache__"))
     assert not list(src.rglob(".venv"))
@@ -87,7 +87,7 @@ def test_dockerfile_starts_from_the_bentofile_image(built_bento: bentoml.Bento) 
 def test_bentofile_image_has_a_known_tensorrt_llm_release() -> None:
     """pack_model checks an engine's version against the target image; for the image the Bento
     actually uses the check is silently skipped when the image's release is unknown."""
-    from tensorrtllm_backend.engine import runtime_version_for_image
+    from tensorrtllm_backend.common.engine_config import runtime_version_for_image
 
     image = yaml.safe_load((ROOT / "bentofile.yaml").read_text())["docker"]["base_image"]
     assert runtime_version_for_image(image) is not None, image

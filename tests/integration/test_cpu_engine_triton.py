@@ -24,14 +24,14 @@ grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import InferInput, InferRequestedOutput  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tensorrtllm_backend.client import TritonLLMClient  # noqa: E402
-from tensorrtllm_backend.cpu_engine.config import write_engine_dir  # noqa: E402
-from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
-from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens  # noqa: E402
-from tensorrtllm_backend.engine_api import EngineModelError, EngineUnavailableError  # noqa: E402
-from tensorrtllm_backend.repository import fill_repository  # noqa: E402
-from tensorrtllm_backend.server import TritonSupervisor  # noqa: E402
-from tensorrtllm_backend.triton_command import TritonServerConfig  # noqa: E402
+from tensorrtllm_backend.build.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.build.repository import fill_repository  # noqa: E402
+from tensorrtllm_backend.common.cpu_engine_config import write_engine_dir  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens  # noqa: E402
+from tensorrtllm_backend.serving.engine_api import EngineModelError, EngineUnavailableError  # noqa: E402
+from tensorrtllm_backend.triton.client import TritonLLMClient  # noqa: E402
+from tensorrtllm_backend.triton.command import TritonServerConfig  # noqa: E402
+from tensorrtllm_backend.triton.supervisor import TritonSupervisor  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -625,8 +625,8 @@ async def test_return_sequences_client_cancel_drops_all(client, triton):
 
 def test_stub_that_outlives_tritonserver_is_killed(engine_dirs, tmp_path):
     """A stub stuck when tritonserver dies (simulated with SIGSTOP) is SIGKILLed by the guard."""
-    from tensorrtllm_backend.triton_command import find_free_port
-    from tensorrtllm_backend.triton_install import find_tritonserver
+    from tensorrtllm_backend.triton.command import find_free_port
+    from tensorrtllm_backend.triton.install import find_tritonserver
 
     repo = tmp_path / "repo"
     repo.mkdir()

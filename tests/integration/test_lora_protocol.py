@@ -18,14 +18,14 @@ import psutil
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.generation import EngineLimits, Generator
-from tensorrtllm_backend.lora import LORAS, LoraRegistry
-from tensorrtllm_backend.routes import Route
-from tensorrtllm_backend.schemas import SamplingParams
-from tensorrtllm_backend.server import TritonSupervisor
-from tensorrtllm_backend.triton_command import TritonServerConfig
+from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.common.lora import LORAS, LoraRegistry
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+from tensorrtllm_backend.serving.routes import Route
+from tensorrtllm_backend.serving.schemas import SamplingParams
+from tensorrtllm_backend.triton.client import TritonLLMClient
+from tensorrtllm_backend.triton.command import TritonServerConfig
+from tensorrtllm_backend.triton.supervisor import TritonSupervisor
 from tests.integration.test_server import PRELUDE, kill_all, process_tree
 from tests.unit.test_lora import write_adapter
 

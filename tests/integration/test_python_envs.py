@@ -22,10 +22,10 @@ import psutil
 import pytest
 from test_server import ECHO_CONFIG, ECHO_MODEL, kill_all, process_tree, wait_gone
 
-from tensorrtllm_backend.packing import REPOSITORY
-from tensorrtllm_backend.server import ServerState, TritonSupervisor
-from tensorrtllm_backend.triton_command import TritonServerConfig
-from tensorrtllm_backend.triton_install import TritonModelLoadError
+from tensorrtllm_backend.build.packing import REPOSITORY
+from tensorrtllm_backend.triton.command import TritonServerConfig
+from tensorrtllm_backend.triton.install import TritonModelLoadError
+from tensorrtllm_backend.triton.supervisor import ServerState, TritonSupervisor
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -231,8 +231,8 @@ def test_readyz_says_why_after_a_restart_that_cannot_load(
 def test_a_worker_taking_over_a_model_that_cannot_load_stops_trying(tmp_path: Path) -> None:
     """Workers sharing one tritonserver: when its owner goes away and the model no longer
     loads, the worker taking over reports FAILED once instead of starting Triton every second."""
-    from tensorrtllm_backend.sharing import SharedTriton
-    from tensorrtllm_backend.triton_command import find_free_port
+    from tensorrtllm_backend.triton.command import find_free_port
+    from tensorrtllm_backend.triton.sharing import SharedTriton
 
     repository = broken_repository(tmp_path / "repo")
     model_py = repository / "echo" / "1" / "model.py"

@@ -21,19 +21,19 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tensorrtllm_backend.server import ServerState, TritonSupervisor
-from tensorrtllm_backend.triton_command import (
+from tensorrtllm_backend.triton.command import (
     TritonPorts,
     TritonServerConfig,
     build_command,
     find_free_port,
 )
-from tensorrtllm_backend.triton_install import (
+from tensorrtllm_backend.triton.install import (
     TritonError,
     TritonInstallation,
     TritonStartupError,
     find_tritonserver,
 )
+from tensorrtllm_backend.triton.supervisor import ServerState, TritonSupervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -308,7 +308,7 @@ def test_missing_repository_is_a_startup_error(tmp_path: Path) -> None:
 OWNER_SCRIPT = """
 import sys, time
 from pathlib import Path
-from tensorrtllm_backend.server import TritonServerConfig, TritonSupervisor
+from tensorrtllm_backend.triton.supervisor import TritonServerConfig, TritonSupervisor
 
 sup = TritonSupervisor(TritonServerConfig(model_repository=Path(sys.argv[1]), startup_timeout_s=60))
 sup.start()

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from cpu_engine_helpers import EOS, VOCAB
 
-from tensorrtllm_backend.cpu_engine.scheduler import Scheduler
-from tensorrtllm_backend.cpu_engine.synthetic import SyntheticBackend
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
+from tensorrtllm_backend.python_models.cpu_engine.synthetic import SyntheticBackend
 
 
 @pytest.fixture

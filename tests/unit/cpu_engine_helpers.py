@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from tensorrtllm_backend.cpu_engine.request import FinishReason, GenRequest
+from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
 
 VOCAB = 2048  # the synthetic backend's vocabulary in these tests
 EOS = 2
@@ -54,8 +54,8 @@ def make_sequences(
 ) -> list[tuple[GenRequest, RecordingSink]]:
     """The `count` GenRequests one Triton row with num_return_sequences = count becomes
     (triton_io.split_sequences, the same split parse_request does), each with its own sink."""
-    from tensorrtllm_backend.cpu_engine.request import SamplingParams
-    from tensorrtllm_backend.cpu_engine.triton_io import split_sequences
+    from tensorrtllm_backend.python_models.cpu_engine.request import SamplingParams
+    from tensorrtllm_backend.python_models.cpu_engine.triton_io import split_sequences
 
     row = {
         "prompt": prompt,

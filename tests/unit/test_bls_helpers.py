@@ -1,4 +1,4 @@
-"""Unit tests of the python models' helpers (tensorrtllm_backend.bls): parameters, the
+"""Unit tests of the python models' helpers (tensorrtllm_backend.python_models.bls): parameters, the
 postprocessing stream cache and the BLS text stream."""
 
 from __future__ import annotations
@@ -13,16 +13,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.bls.detok_cache import DetokenizerCache
-from tensorrtllm_backend.bls.params import (
+from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer
+from tensorrtllm_backend.python_models.bls.detok_cache import DetokenizerCache
+from tensorrtllm_backend.python_models.bls.params import (
     engine_vocab_size,
     model_parameter,
     parse_bool,
     resolve_model_path,
     sibling_parameter,
 )
-from tensorrtllm_backend.bls.pipeline import CLIENT_TO_ENGINE, SCALAR_ENGINE_INPUTS, TextStream
-from tensorrtllm_backend.tokenization import IncrementalDetokenizer
+from tensorrtllm_backend.python_models.bls.pipeline import (
+    CLIENT_TO_ENGINE,
+    SCALAR_ENGINE_INPUTS,
+    TextStream,
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.engine_api import DRAIN_RESPONSES, EngineError
-from tensorrtllm_backend.generation import Generator, _Sequence
-from tensorrtllm_backend.tokenization import StopStringMatcher
+from tensorrtllm_backend.common.tokenization import StopStringMatcher
+from tensorrtllm_backend.serving.engine_api import DRAIN_RESPONSES, EngineError
+from tensorrtllm_backend.serving.generation import Generator, _Sequence
+from tensorrtllm_backend.triton.client import TritonLLMClient
 
 
 @dataclass

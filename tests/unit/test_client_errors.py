@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tensorrtllm_backend.client import TritonLLMClient, dead_instance
-from tensorrtllm_backend.engine_api import (
+from tensorrtllm_backend.serving.engine_api import (
     EngineInstanceDeadError,
     EngineModelError,
     EngineUnavailableError,
 )
-from tensorrtllm_backend.errors import as_api_error
+from tensorrtllm_backend.serving.errors import as_api_error
+from tensorrtllm_backend.triton.client import TritonLLMClient, dead_instance
 
 # Messages as tritonserver 2.51 sent them after `kill -9` of a stub (seen in the service's log).
 DIRECT = "Stub process 'tensorrt_llm_bls_0_0' is not healthy."

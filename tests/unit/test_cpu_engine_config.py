@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tensorrtllm_backend.cpu_engine.config import load_engine_config, write_engine_dir
+from tensorrtllm_backend.common.cpu_engine_config import load_engine_config, write_engine_dir
 
 
 def test_synthetic_round_trip(tmp_path):

@@ -15,13 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
-from tensorrtllm_backend.cpu_engine.hf import HFBackend  # noqa: E402
-from tensorrtllm_backend.cpu_engine.request import FinishReason, SamplingParams  # noqa: E402
-from tensorrtllm_backend.cpu_engine.scheduler import Scheduler  # noqa: E402
-from tensorrtllm_backend.guided import GuideCompiler  # noqa: E402
-from tensorrtllm_backend.schemas import GuidedDecoding  # noqa: E402
-from tensorrtllm_backend.tokenization import load_tokenizer  # noqa: E402
+from tensorrtllm_backend.build.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.common.tokenization import load_tokenizer  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, SamplingParams  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler  # noqa: E402
+from tensorrtllm_backend.serving.guided import GuideCompiler  # noqa: E402
+from tensorrtllm_backend.serving.schemas import GuidedDecoding  # noqa: E402
 
 SCHEMA = {
     "type": "object",

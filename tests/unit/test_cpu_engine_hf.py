@@ -11,10 +11,10 @@ from cpu_engine_helpers import make_request, make_sequences
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint  # noqa: E402
-from tensorrtllm_backend.cpu_engine.hf import HFBackend  # noqa: E402
-from tensorrtllm_backend.cpu_engine.request import SamplingParams  # noqa: E402
-from tensorrtllm_backend.cpu_engine.scheduler import Scheduler  # noqa: E402
+from tensorrtllm_backend.build.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.request import SamplingParams  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler  # noqa: E402
 
 PROMPTS = [
     "The lighthouse keeper woke before dawn",

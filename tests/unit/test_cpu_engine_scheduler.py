@@ -8,8 +8,8 @@ import time
 import pytest
 from cpu_engine_helpers import EOS, VOCAB, make_request
 
-from tensorrtllm_backend.cpu_engine.request import FinishReason, parse_word_list
-from tensorrtllm_backend.cpu_engine.synthetic import (
+from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, parse_word_list
+from tensorrtllm_backend.python_models.cpu_engine.synthetic import (
     FIRST_ID,
     predict_tokens,
 )
@@ -120,7 +120,7 @@ def test_log_probs_are_zero_for_synthetic(make_scheduler):
 
 def test_seed_changes_sequence(make_scheduler):
     scheduler = make_scheduler()
-    from tensorrtllm_backend.cpu_engine.request import SamplingParams
+    from tensorrtllm_backend.python_models.cpu_engine.request import SamplingParams
 
     a, sa = make_request(PROMPT, 6)
     b, sb = make_request(PROMPT, 6, sampling=SamplingParams(seed=11))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from cpu_engine_helpers import EOS, VOCAB, make_sequences
 
-from tensorrtllm_backend.cpu_engine.request import FinishReason, SamplingParams
-from tensorrtllm_backend.cpu_engine.synthetic import predict_tokens
-from tensorrtllm_backend.cpu_engine.triton_io import split_sequences
+from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, SamplingParams
+from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
+from tensorrtllm_backend.python_models.cpu_engine.triton_io import split_sequences
 
 PROMPT = [5, 17, 300, 42]
 

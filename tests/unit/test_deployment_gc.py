@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tensorrtllm_backend.deployment import freeze_startup_heap
+from tensorrtllm_backend.serving.deployment import freeze_startup_heap
 
 
 class _Node:

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from tensorrtllm_backend.deployment import log_server_errors_once
-from tensorrtllm_backend.errors import (
+from tensorrtllm_backend.serving.deployment import log_server_errors_once
+from tensorrtllm_backend.serving.errors import (
     BENTOML_API_LOGGER,
     APIError,
     BriefAPIErrorLog,
     log_api_errors_briefly,
 )
-from tensorrtllm_backend.schemas import GenerateRequest
+from tensorrtllm_backend.serving.schemas import GenerateRequest
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorrtllm_backend.deployment import REQUEST_TIMEOUT_S, traffic
-from tensorrtllm_backend.runtime import RuntimeSettings, engine_instances
+from tensorrtllm_backend.serving.deployment import REQUEST_TIMEOUT_S, traffic
+from tensorrtllm_backend.serving.runtime import RuntimeSettings, engine_instances
 
 ABSENT = "no-such-model:latest"  # not in the store: no engine metadata to size from
 

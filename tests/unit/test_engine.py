@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tensorrtllm_backend.engine import (
+from tensorrtllm_backend.common.engine_config import (
     EngineError,
     check_runtime_compatibility,
     inspect_engine,

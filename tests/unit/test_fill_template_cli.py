@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.fill_template import main, parse_substitutions
-from tensorrtllm_backend.repository import TEMPLATES_DIR, TemplateError, parse_config
+from tensorrtllm_backend.build.fill_template import main, parse_substitutions
+from tensorrtllm_backend.build.repository import TEMPLATES_DIR, TemplateError, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -61,7 +61,9 @@ def _assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: s
 @pytest.mark.parametrize("model", list(GUIDE_COMMANDS))
 def test_guide_command_fills_in_place(repo: Path, model: str) -> None:
     path = repo / model / "config.pbtxt"
-    result = _run("-m", "tensorrtllm_backend.fill_template", "-i", str(path), GUIDE_COMMANDS[model])
+    result = _run(
+        "-m", "tensorrtllm_backend.build.fill_template", "-i", str(path), GUIDE_COMMANDS[model]
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     text = path.read_text()
@@ -89,7 +91,7 @@ def test_guide_command_fills_in_place(repo: Path, model: str) -> None:
 def test_runs_as_a_script_too(repo: Path) -> None:
     path = repo / "ensemble" / "config.pbtxt"
     result = _run(
-        str(ROOT / "tensorrtllm_backend" / "fill_template.py"),
+        str(ROOT / "tensorrtllm_backend" / "build" / "fill_template.py"),
         "-i",
         str(path),
         "triton_max_batch_size:16",
@@ -102,7 +104,7 @@ def test_runs_as_a_script_too(repo: Path) -> None:
 def test_without_in_place_prints_and_leaves_the_file(repo: Path) -> None:
     path = repo / "postprocessing" / "config.pbtxt"
     before = path.read_bytes()
-    result = _run("-m", "tensorrtllm_backend.fill_template", str(path), "tokenizer_dir:/tok")
+    result = _run("-m", "tensorrtllm_backend.build.fill_template", str(path), "tokenizer_dir:/tok")
     assert result.returncode == 0, result.stderr
     assert path.read_bytes() == before
     assert _params(parse_config(result.stdout))["tokenizer_dir"] == "/tok"
@@ -113,7 +115,7 @@ def test_unknown_key_fails_and_leaves_the_file(repo: Path) -> None:
     before = path.read_bytes()
     result = _run(
         "-m",
-        "tensorrtllm_backend.fill_template",
+        "tensorrtllm_backend.build.fill_template",
         "-i",
         str(path),
         "engine_dir:/e,tokenizer_type:auto",
@@ -127,7 +129,7 @@ def test_leftover_placeholder_fails_and_leaves_the_file(repo: Path) -> None:
     before = path.read_bytes()
     result = _run(
         "-m",
-        "tensorrtllm_backend.fill_template",
+        "tensorrtllm_backend.build.fill_template",
         "-i",
         "--no-defaults",
         str(path),
@@ -141,22 +143,24 @@ def test_malformed_value_fails_and_leaves_the_file(repo: Path) -> None:
     path = repo / "tensorrt_llm_bls" / "config.pbtxt"
     before = path.read_bytes()
     result = _run(
-        "-m", "tensorrtllm_backend.fill_template", "-i", str(path), "decoupled_mode:sometimes"
+        "-m", "tensorrtllm_backend.build.fill_template", "-i", str(path), "decoupled_mode:sometimes"
     )
     _assert_one_line_error(result, "decoupled_mode", "true or false")
     assert path.read_bytes() == before
 
 
 def test_usage_errors_are_one_line_with_exit_code_2(repo: Path) -> None:
-    _assert_one_line_error(_run("-m", "tensorrtllm_backend.fill_template"), "file_path")
+    _assert_one_line_error(_run("-m", "tensorrtllm_backend.build.fill_template"), "file_path")
     _assert_one_line_error(
-        _run("-m", "tensorrtllm_backend.fill_template", "-i", str(repo / "nope.pbtxt"), "a:b"),
+        _run(
+            "-m", "tensorrtllm_backend.build.fill_template", "-i", str(repo / "nope.pbtxt"), "a:b"
+        ),
         "cannot read",
     )
     _assert_one_line_error(
         _run(
             "-m",
-            "tensorrtllm_backend.fill_template",
+            "tensorrtllm_backend.build.fill_template",
             str(repo / "ensemble" / "config.pbtxt"),
             "novalue",
         ),

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.generation import EngineLimits, Generator
-from tensorrtllm_backend.request_errors import RequestError
-from tensorrtllm_backend.routes import Route
-from tensorrtllm_backend.routes.direct import direct_outputs
-from tensorrtllm_backend.routes.text import text_outputs
-from tensorrtllm_backend.schemas import (
+from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+from tensorrtllm_backend.serving.request_errors import RequestError
+from tensorrtllm_backend.serving.routes import Route
+from tensorrtllm_backend.serving.routes.direct import direct_outputs
+from tensorrtllm_backend.serving.routes.text import text_outputs
+from tensorrtllm_backend.serving.schemas import (
     FinishReason,
     GenerationResult,
     SamplingParams,
     SequenceResult,
 )
-from tensorrtllm_backend.translation import engine_stop_words
+from tensorrtllm_backend.serving.translation import engine_stop_words
+from tensorrtllm_backend.triton.client import TritonLLMClient
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
 

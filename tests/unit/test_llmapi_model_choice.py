@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from tensorrtllm_backend.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
+from tensorrtllm_backend.build.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
 
 MODEL_PY = TEMPLATES_DIR / MODEL_NAME / "1" / "model.py"
 
@@ -46,7 +46,7 @@ def nvidia_dir(tmp_path: Path) -> Path:
 def test_without_tensorrt_llm_the_cpu_stand_in_serves(python_backend_utils, monkeypatch) -> None:
     monkeypatch.delenv("TRTLLM_LLMAPI_IMPL", raising=False)
     assert importlib.util.find_spec("tensorrt_llm") is None  # this machine: CPU only
-    from tensorrtllm_backend.cpu_engine.llmapi_model import LlmapiCpuModel
+    from tensorrtllm_backend.python_models.cpu_engine.llmapi_model import LlmapiCpuModel
 
     assert load_model_py().TritonPythonModel is LlmapiCpuModel
 

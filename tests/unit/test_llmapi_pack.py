@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 from test_pack_model import demo_checkpoint, name, run_pack, unchanged_store  # noqa: F401
 from transformers import LlamaConfig, Qwen2Config
 
-from tensorrtllm_backend.repository import localize_repository
+from tensorrtllm_backend.build.repository import localize_repository
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -238,11 +238,11 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
     """What the service derives from the stored workflow: the llmapi route, limits from the
     manifest, one tritonserver with auto-complete on (the LLM API starts its tp x pp ranks
     itself), and one GPU per rank asked of BentoML."""
-    from tensorrtllm_backend.deployment import resources
-    from tensorrtllm_backend.routes import Route
-    from tensorrtllm_backend.runtime import LLMRuntime, RuntimeSettings
-    from tensorrtllm_backend.triton_command import TritonPorts, TritonServerConfig, build_command
-    from tensorrtllm_backend.triton_install import TritonInstallation
+    from tensorrtllm_backend.serving.deployment import resources
+    from tensorrtllm_backend.serving.routes import Route
+    from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
+    from tensorrtllm_backend.triton.command import TritonPorts, TritonServerConfig, build_command
+    from tensorrtllm_backend.triton.install import TritonInstallation
 
     assert llmapi("--checkpoint", checkpoint, "--name", name, "--tp", 2, "--pp", 2) == 0, (
         capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.llmapi_repository import (
+from tensorrtllm_backend.build.llmapi_repository import (
     MODEL_NAME,
     TEMPLATES_DIR,
     build_model_yaml,
@@ -18,7 +18,7 @@ from tensorrtllm_backend.llmapi_repository import (
     parse_llm_args,
     write_llmapi_repository,
 )
-from tensorrtllm_backend.repository import TemplateError, parse_config
+from tensorrtllm_backend.build.repository import TemplateError, parse_config
 
 CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_llmapi.json").read_text())
 CONFIG = TEMPLATES_DIR / MODEL_NAME / "config.pbtxt"

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from tensorrtllm_backend.routes.llmapi import (
+from tensorrtllm_backend.common.tokenization import load_tokenizer
+from tensorrtllm_backend.serving.routes.llmapi import (
     OUTPUTS,
     LlmapiDecoder,
     LlmapiRequestError,
     check_request,
     tensors,
 )
-from tensorrtllm_backend.schemas import FinishReason, GuidedDecoding, SamplingParams
-from tensorrtllm_backend.tokenization import load_tokenizer
+from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
 
 CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_llmapi.json").read_text())
 NUMPY_DTYPES = {
@@ -104,7 +104,7 @@ def response(text: str, finish_reason: str) -> InferResult:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
+    from tensorrtllm_backend.build.demo import build_demo_checkpoint
 
     return load_tokenizer(build_demo_checkpoint(tmp_path_factory.mktemp("demo")))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tensorrtllm_backend.load_failures import (
+from tensorrtllm_backend.triton.load_failures import (
     deterministic_failures,
     parse_load_failures,
     read_load_failures,

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorrtllm_backend.engine import EngineInfo
-from tensorrtllm_backend.lora import (
+from tensorrtllm_backend.build.packing import PackError, _check_loras
+from tensorrtllm_backend.common.engine_config import EngineInfo
+from tensorrtllm_backend.common.lora import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     LoraAdapter,
@@ -18,11 +19,10 @@ from tensorrtllm_backend.lora import (
     check_adapter_dir,
     task_id_for,
 )
-from tensorrtllm_backend.packing import PackError, _check_loras
-from tensorrtllm_backend.routes.direct import TokenIds, direct_tensors
-from tensorrtllm_backend.routes.text import text_tensors
-from tensorrtllm_backend.schemas import SamplingParams
-from tensorrtllm_backend.translation import LoraTensors
+from tensorrtllm_backend.serving.routes.direct import TokenIds, direct_tensors
+from tensorrtllm_backend.serving.routes.text import text_tensors
+from tensorrtllm_backend.serving.schemas import SamplingParams
+from tensorrtllm_backend.serving.translation import LoraTensors
 
 
 def write_adapter(path: Path, rows: int = 4, width: int = 32, leading_one: bool = True) -> Path:

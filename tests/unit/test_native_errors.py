@@ -9,8 +9,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tensorrtllm_backend.errors import NativeErrorMiddleware, plain_validation_error
-from tensorrtllm_backend.schemas import GenerateRequest
+from tensorrtllm_backend.serving.errors import NativeErrorMiddleware, plain_validation_error
+from tensorrtllm_backend.serving.schemas import GenerateRequest
 
 
 def bentoml_body(error: ValidationError) -> dict[str, object]:

@@ -10,15 +10,15 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tensorrtllm_backend.openai_api.protocol import ChatCompletionRequest
-from tensorrtllm_backend.openai_api.response_format import (
+from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
+from tensorrtllm_backend.serving.openai_api.response_format import (
     FormatError,
     choice_guide,
     output_constraint,
 )
-from tensorrtllm_backend.openai_api.tool_parsers import FORMATS
-from tensorrtllm_backend.openai_api.tool_stream import ToolStream
-from tensorrtllm_backend.openai_api.tools import (
+from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
+from tensorrtllm_backend.serving.openai_api.tool_stream import ToolStream
+from tensorrtllm_backend.serving.openai_api.tools import (
     ToolError,
     calls_schema,
     extract_calls,
@@ -204,14 +204,14 @@ def test_unsupported_and_unknown_fields() -> None:
     assert chat(logit_bias={"42": 5}).unsupported()[0] == "logit_bias"
     assert chat(functions=[{"name": "f"}]).unsupported()[0] == "functions"
     assert chat(logit_bias={}, modalities=["text"]).unsupported() is None
-    from tensorrtllm_backend.openai_api.protocol import unknown_fields
+    from tensorrtllm_backend.serving.openai_api.protocol import unknown_fields
 
     request = chat(temprature=1, tools=[{**WEATHER, "extra": 1}])
     assert unknown_fields(request) == ["temprature", "tools[0].extra"]
 
 
 def test_tool_parser_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorrtllm_backend.runtime import RuntimeSettings
+    from tensorrtllm_backend.serving.runtime import RuntimeSettings
 
     monkeypatch.delenv("TRTLLM_TOOL_PARSER", raising=False)
     assert RuntimeSettings.from_env().tool_parser is None

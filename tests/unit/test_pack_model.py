@@ -17,11 +17,11 @@ import bentoml
 import pytest
 
 import pack_model
-from tensorrtllm_backend import packing
-from tensorrtllm_backend.cpu_engine.demo import build_demo_checkpoint
-from tensorrtllm_backend.repository import localize_repository, parse_config
-from tensorrtllm_backend.tokenization import load_tokenizer
-from tensorrtllm_backend.xgrammar_info import tokenizer_info
+from tensorrtllm_backend.build import packing
+from tensorrtllm_backend.build.demo import build_demo_checkpoint
+from tensorrtllm_backend.build.repository import localize_repository, parse_config
+from tensorrtllm_backend.build.xgrammar_info import tokenizer_info
+from tensorrtllm_backend.common.tokenization import load_tokenizer
 
 OLD_IMAGE = "nvcr.io/nvidia/tritonserver:24.03-trtllm-python-py3"  # TensorRT-LLM 0.8.0
 MATCHING_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-trtllm-python-py3"  # TensorRT-LLM 0.12.0
@@ -288,7 +288,7 @@ def test_cpp_backend_gets_the_xgrammar_tokenizer_file(packed: bentoml.Model, tmp
 def test_guides_need_the_xgrammar_tokenizer_file_on_the_cpp_backend(
     packed: bentoml.Model, engine_dir, demo_checkpoint, capsys
 ) -> None:
-    from tensorrtllm_backend.runtime import LLMRuntime
+    from tensorrtllm_backend.serving.runtime import LLMRuntime
 
     assert LLMRuntime(Path(packed.path))._guides_unsupported() is None
     # Left empty on purpose (as in a model packed without it): guided requests are refused.

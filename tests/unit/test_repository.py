@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.repository import (
+from tensorrtllm_backend.build.repository import (
     DEFAULTS,
     MODEL_NAMES,
     PATH_PARAMETERS,

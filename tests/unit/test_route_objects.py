@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.client import TritonLLMClient
-from tensorrtllm_backend.cpu_engine.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.engine_api import InferenceEngine
-from tensorrtllm_backend.generation import EngineLimits, Generator
-from tensorrtllm_backend.guided import check_guide_text
-from tensorrtllm_backend.openai_api.protocol import ChatCompletionRequest
-from tensorrtllm_backend.openai_api.tools import plan_tools
-from tensorrtllm_backend.request_errors import RequestError
-from tensorrtllm_backend.routes import ROUTE_MODELS, Route, make_route
-from tensorrtllm_backend.routes.llmapi import check_request
-from tensorrtllm_backend.schemas import FinishReason, GuidedDecoding, SamplingParams
+from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.serving.engine_api import InferenceEngine
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+from tensorrtllm_backend.serving.guided import check_guide_text
+from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
+from tensorrtllm_backend.serving.openai_api.tools import plan_tools
+from tensorrtllm_backend.serving.request_errors import RequestError
+from tensorrtllm_backend.serving.routes import ROUTE_MODELS, Route, make_route
+from tensorrtllm_backend.serving.routes.llmapi import check_request
+from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
+from tensorrtllm_backend.triton.client import TritonLLMClient
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorrtllm_backend.openai_api.tool_parsers import FORMATS
+from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
 from tensorrtllm_backend.settings import (
     PREFIX,
     STUB_VARIABLES,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tensorrtllm_backend.deployment import share_triton_ports
-from tensorrtllm_backend.runtime import worker_count
+from tensorrtllm_backend.serving.deployment import share_triton_ports
+from tensorrtllm_backend.serving.runtime import worker_count
 from tensorrtllm_backend.settings import PORT_ENVS, SHARED_DIR_ENV
-from tensorrtllm_backend.sharing import SharedTriton, shared_paths
-from tensorrtllm_backend.triton_command import LOOPBACK, TritonServerConfig, port_free
+from tensorrtllm_backend.triton.command import LOOPBACK, TritonServerConfig, port_free
+from tensorrtllm_backend.triton.sharing import SharedTriton, shared_paths
 
 
 @pytest.mark.parametrize(("value", "expected"), [("", 1), ("1", 1), (" 4 ", 4)])

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tensorrtllm_backend.runtime import RuntimeSettings
-from tensorrtllm_backend.streaming import coalesce, join_text
+from tensorrtllm_backend.serving.runtime import RuntimeSettings
+from tensorrtllm_backend.serving.streaming import coalesce, join_text
 
 
 async def pieces(count: int, log: list[str], fail_after: int | None = None) -> AsyncIterator[str]:

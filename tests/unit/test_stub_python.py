@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorrtllm_backend.stub_python import (
+from tensorrtllm_backend.triton.stub_python import (
     ElfLinks,
     Interpreter,
     StubPythonError,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorrtllm_backend.stub_watch import StubWatch, python_stubs
+from tensorrtllm_backend.triton.stub_watch import StubWatch, python_stubs
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.repository import (
+from tensorrtllm_backend.build.repository import (
     DEFAULTS,
     MODEL_NAMES,
     TEMPLATES_DIR,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import prometheus_client as prom
 import pytest
 
-from tensorrtllm_backend.metrics import TokenGapHistogram
+from tensorrtllm_backend.serving.metrics import TokenGapHistogram
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 

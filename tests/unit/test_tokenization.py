@@ -1,4 +1,4 @@
-"""Unit tests of tensorrtllm_backend.tokenization with tokenizers trained locally (no hub)."""
+"""Unit tests of tensorrtllm_backend.common.tokenization with tokenizers trained locally (no hub)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.tokenization import (
+from tensorrtllm_backend.common.tokenization import (
     IncrementalDetokenizer,
     StopStringMatcher,
     bound_decoder,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from tensorrtllm_backend.watchdog import StallWatchdog
+from tensorrtllm_backend.triton.watchdog import StallWatchdog
 
 
 class Progress:

@@ -24,14 +24,14 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from tensorrtllm_backend.bls.detok_cache import DetokenizerCache  # noqa: E402
-from tensorrtllm_backend.bls.params import (  # noqa: E402
+from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer, load_tokenizer  # noqa: E402
+from tensorrtllm_backend.python_models.bls.detok_cache import DetokenizerCache  # noqa: E402
+from tensorrtllm_backend.python_models.bls.params import (  # noqa: E402
     model_parameter,
     parse_bool,
     resolve_model_path,
 )
-from tensorrtllm_backend.stub_guard import start_orphan_guard  # noqa: E402
-from tensorrtllm_backend.tokenization import IncrementalDetokenizer, load_tokenizer  # noqa: E402
+from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard  # noqa: E402
 
 
 class TritonPythonModel:

@@ -19,18 +19,18 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from tensorrtllm_backend.bls.params import (  # noqa: E402
+from tensorrtllm_backend.common.tokenization import (  # noqa: E402
+    build_embedding_bias,
+    encode_word_lists,
+    load_tokenizer,
+)
+from tensorrtllm_backend.python_models.bls.params import (  # noqa: E402
     engine_vocab_size,
     model_parameter,
     parse_bool,
     resolve_model_path,
 )
-from tensorrtllm_backend.stub_guard import start_orphan_guard  # noqa: E402
-from tensorrtllm_backend.tokenization import (  # noqa: E402
-    build_embedding_bias,
-    encode_word_lists,
-    load_tokenizer,
-)
+from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard  # noqa: E402
 
 _UNSUPPORTED_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES")
 

@@ -9,7 +9,7 @@ for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.p
 
 # tensorrt_llm on CPU: the stand-in for TensorRT-LLM used when the template is filled with
 # triton_backend:python (with triton_backend:tensorrtllm NVIDIA's C++ backend ignores this file).
-# Same tensors as NVIDIA's backend; tokens come from tensorrtllm_backend.cpu_engine, configured by
+# Same tensors as NVIDIA's backend; tokens come from tensorrtllm_backend.python_models.cpu_engine, configured by
 # the CPU engine dir in the `gpt_model_path` parameter (${engine_dir}).
 
 import json  # noqa: E402
@@ -18,23 +18,23 @@ from pathlib import Path  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from tensorrtllm_backend.cpu_engine.config import EngineConfig, load_engine_config  # noqa: E402
-from tensorrtllm_backend.cpu_engine.request import FinishReason, GenRequest  # noqa: E402
-from tensorrtllm_backend.cpu_engine.scheduler import Backend, Scheduler  # noqa: E402
-from tensorrtllm_backend.cpu_engine.triton_io import (  # noqa: E402
+from tensorrtllm_backend.common.cpu_engine_config import EngineConfig, load_engine_config  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Backend, Scheduler  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.triton_io import (  # noqa: E402
     EngineLimits,
     RequestError,
     parse_request,
 )
-from tensorrtllm_backend.cpu_engine.triton_metrics import MetricsPublisher  # noqa: E402
-from tensorrtllm_backend.cpu_engine.triton_sink import ResponseGroup  # noqa: E402
-from tensorrtllm_backend.guided import GuideCompiler, GuideError  # noqa: E402
-from tensorrtllm_backend.schemas import GuidedDecoding  # noqa: E402
-from tensorrtllm_backend.stub_guard import (  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.triton_metrics import MetricsPublisher  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.triton_sink import ResponseGroup  # noqa: E402
+from tensorrtllm_backend.python_models.stub_guard import (  # noqa: E402
     cpu_engine_grace_s,
     start_orphan_guard,
     stop_orphan_guard,
 )
+from tensorrtllm_backend.serving.guided import GuideCompiler, GuideError  # noqa: E402
+from tensorrtllm_backend.serving.schemas import GuidedDecoding  # noqa: E402
 
 # Polling is_cancelled() is an IPC round trip per request (measured: every 20 ms cost ~15% of
 # the C=64 token rate), so poll at most this often; a cancelled stream leaves within ~0.1 s.
@@ -73,7 +73,7 @@ def _resolve_engine_dir(value: str, model_repository: str) -> Path:
 def _make_backend(config: EngineConfig) -> Backend:
     section = config.cpu_engine
     if section.mode == "synthetic":
-        from tensorrtllm_backend.cpu_engine.synthetic import SyntheticBackend
+        from tensorrtllm_backend.python_models.cpu_engine.synthetic import SyntheticBackend
 
         return SyntheticBackend(
             vocab_size=config.pretrained_config.vocab_size,
@@ -82,7 +82,7 @@ def _make_backend(config: EngineConfig) -> Backend:
             itl_ms=section.itl_ms,
             seed=section.seed,
         )
-    from tensorrtllm_backend.cpu_engine.hf import HFBackend
+    from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend
 
     return HFBackend(config.checkpoint_path(), device=section.device)
 
@@ -103,7 +103,7 @@ class _EngineGuides:
 
     def _load(self, tokenizer_dir: Path, vocab_size: int) -> None:
         try:
-            from tensorrtllm_backend.tokenization import load_tokenizer
+            from tensorrtllm_backend.common.tokenization import load_tokenizer
 
             compiler = GuideCompiler(load_tokenizer(tokenizer_dir), vocab_size)
             compiler.tokenizer_info  # noqa: B018 - build it now, not on the first request

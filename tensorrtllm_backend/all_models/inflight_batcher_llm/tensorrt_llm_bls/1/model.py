@@ -22,13 +22,14 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from tensorrtllm_backend.bls.params import (  # noqa: E402
+from tensorrtllm_backend.common.tokenization import load_tokenizer  # noqa: E402
+from tensorrtllm_backend.python_models.bls.params import (  # noqa: E402
     model_parameter,
     parse_bool,
     resolve_model_path,
     sibling_parameter,
 )
-from tensorrtllm_backend.bls.pipeline import (  # noqa: E402
+from tensorrtllm_backend.python_models.bls.pipeline import (  # noqa: E402
     CLIENT_TO_ENGINE,
     PREPROCESSED_TO_ENGINE,
     PREPROCESSING_INPUTS,
@@ -38,8 +39,7 @@ from tensorrtllm_backend.bls.pipeline import (  # noqa: E402
     UNSUPPORTED_INPUTS,
     TextStream,
 )
-from tensorrtllm_backend.stub_guard import start_orphan_guard  # noqa: E402
-from tensorrtllm_backend.tokenization import load_tokenizer  # noqa: E402
+from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard  # noqa: E402
 
 PREPROCESSING_MODEL = "preprocessing"
 CANCEL_POLL_INTERVAL_S = 0.05  # is_cancelled() is an IPC round trip: not on every token

@@ -6,7 +6,7 @@ Triton loads this file for the `llmapi` repository. It picks the implementation 
   importable by this stub's Python, found at $TRTLLM_LLMAPI_MODEL_PY or the image's
   /app/all_models/llmapi/tensorrt_llm/1/model.py. It reads 1/model.yaml from this directory,
   as it does in NVIDIA's own repository.
-* tensorrtllm_backend.cpu_engine.llmapi_model otherwise: the same tensors served by the CPU
+* tensorrtllm_backend.python_models.cpu_engine.llmapi_model otherwise: the same tensors served by the CPU
   engine from the same checkpoint.
 
 TRTLLM_LLMAPI_IMPL=nvidia|cpu forces one (auto by default).
@@ -58,7 +58,7 @@ def _pick():
                 f"or {IMPL_ENV}=cpu for the CPU stand-in"
             )
         return _load_nvidia(path)
-    from tensorrtllm_backend.cpu_engine.llmapi_model import LlmapiCpuModel
+    from tensorrtllm_backend.python_models.cpu_engine.llmapi_model import LlmapiCpuModel
 
     return LlmapiCpuModel
 

@@ -173,7 +173,7 @@ def check_tokenizer(tokenizer_dir: Path) -> None:
             f"no tokenizer in {tokenizer_dir} (expected one of {', '.join(TOKENIZER_MARKERS)}): "
             "copy the model's tokenizer files next to config.json, or pass --tokenizer-dir"
         )
-    from .tokenization import load_tokenizer
+    from ..common.tokenization import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(tokenizer_dir)

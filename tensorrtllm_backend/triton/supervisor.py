@@ -23,18 +23,8 @@ from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
-from .load_failures import deterministic_failures, read_load_failures
-from .settings import BACKEND_PYTHONPATH_ENV
-from .stub_python import (
-    Interpreter,
-    StubPython,
-    StubPythonError,
-    apply_stub_python,
-    describe,
-    plan_stub_python,
-)
-from .stub_watch import StubWatch
-from .triton_command import (
+from ..settings import BACKEND_PYTHONPATH_ENV
+from .command import (
     LOOPBACK,
     TritonPorts,
     TritonServerConfig,
@@ -45,7 +35,7 @@ from .triton_command import (
     port_free,
     probe_ready,
 )
-from .triton_install import (
+from .install import (
     TritonError,
     TritonInstallation,
     TritonModelLoadError,
@@ -54,6 +44,16 @@ from .triton_install import (
     default_cache_root,
     find_tritonserver,
 )
+from .load_failures import deterministic_failures, read_load_failures
+from .stub_python import (
+    Interpreter,
+    StubPython,
+    StubPythonError,
+    apply_stub_python,
+    describe,
+    plan_stub_python,
+)
+from .stub_watch import StubWatch
 
 logger = logging.getLogger(__name__)
 

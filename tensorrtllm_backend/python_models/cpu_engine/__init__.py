@@ -1,7 +1,8 @@
 """CPU stand-in for a TensorRT-LLM engine, served by tensorrt_llm/1/model.py (python backend).
 
 Modules, one job each:
-  config.py        engine dir format (config.json with a `cpu_engine` section): write / load
+  (the engine directory's format, config.json with a `cpu_engine` section, is
+   common/cpu_engine_config.py: pack time writes it, the stub reads it)
   request.py       GenRequest, SamplingParams, the Sink protocol, word-list parsing
   scheduler.py     the in-flight batching loop (one thread, backend-agnostic)
   synthetic.py     deterministic tokens with TTFT / ITL delays (no torch)
@@ -9,11 +10,12 @@ Modules, one job each:
   triton_io.py     Triton request tensors -> GenRequest arguments (one set per sequence)
   triton_sink.py   scheduler events -> pb_utils responses (decoupled or merged)
   triton_metrics.py  scheduler counters as Triton custom metrics
-  demo.py          offline demo checkpoint (tokenizer trained on corpus.txt + tiny Llama)
+  llmapi_model.py  the llmapi workflow's stand-in (text in, text out)
+(the demo checkpoint is built at pack time: build/demo.py)
 
-Nothing heavy is imported here, so `import tensorrtllm_backend.cpu_engine` stays cheap.
+Nothing heavy is imported here, so `import tensorrtllm_backend.python_models.cpu_engine` stays cheap.
 """
 
-from .config import EngineConfig, load_engine_config, write_engine_dir
+from ...common.cpu_engine_config import EngineConfig, load_engine_config, write_engine_dir
 
 __all__ = ["EngineConfig", "load_engine_config", "write_engine_dir"]

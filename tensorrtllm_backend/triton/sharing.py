@@ -24,9 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from .server import ServerState, TritonSupervisor
-from .triton_command import TritonPorts, TritonServerConfig, probe_ready
-from .triton_install import TritonSetupError, TritonStartupError
+from .command import TritonPorts, TritonServerConfig, probe_ready
+from .install import TritonSetupError, TritonStartupError
+from .supervisor import ServerState, TritonSupervisor
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
+from ...common.tokenization import IncrementalDetokenizer, encode_word_lists
 from ..request_errors import RequestError
 from ..schemas import SamplingParams
-from ..tokenization import IncrementalDetokenizer, encode_word_lists
 from ..translation import (
     NO_END_ID,
     LoraTensors,

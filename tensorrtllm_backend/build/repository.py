@@ -21,7 +21,7 @@ from string import Template
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "all_models" / "inflight_batcher_llm"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "all_models" / "inflight_batcher_llm"
 MODEL_NAMES: tuple[str, ...] = (
     "ensemble",
     "preprocessing",

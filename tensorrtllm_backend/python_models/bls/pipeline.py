@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
-from tensorrtllm_backend.tokenization import IncrementalDetokenizer, StopStringMatcher
+from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer, StopStringMatcher
 
 # BLS client input -> preprocessing input (the ensemble's first step, same names as NVIDIA's).
 PREPROCESSING_INPUTS: dict[str, str] = {

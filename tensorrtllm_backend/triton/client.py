@@ -31,7 +31,7 @@ from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import np_to_triton_dtype
 
-from .engine_api import (
+from ..serving.engine_api import (
     DRAIN_RESPONSES,
     DRAIN_TIMEOUT_S,
     EngineError,

@@ -12,21 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .client import TritonLLMClient
-from .engine import EngineInfo, inspect_engine
+from ..build.packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
+from ..build.repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
+from ..common.engine_config import EngineInfo, inspect_engine
+from ..common.lora import LoraRegistry
+from ..common.tokenization import load_tokenizer
+from ..settings import load_settings
+from ..triton.client import TritonLLMClient
+from ..triton.command import TritonServerConfig
+from ..triton.sharing import SharedTriton
+from ..triton.supervisor import ServerState, TritonSupervisor
+from ..triton.watchdog import StallWatchdog
 from .generation import EngineLimits, Generator
 from .guided import GuideCompiler
-from .lora import LoraRegistry
 from .metrics import generation_metrics
-from .packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
-from .repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
 from .routes import ROUTE_MODELS, Route
-from .server import ServerState, TritonSupervisor
-from .settings import load_settings
-from .sharing import SharedTriton
-from .tokenization import load_tokenizer
-from .triton_command import TritonServerConfig
-from .watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 

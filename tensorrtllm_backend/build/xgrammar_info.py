@@ -54,7 +54,7 @@ def tokenizer_info(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
 
 def write_tokenizer_info(tokenizer_dir: Path, path: Path) -> Path:
     """Describe the tokenizer stored in ``tokenizer_dir`` into ``path`` and return ``path``."""
-    from .tokenization import load_tokenizer
+    from ..common.tokenization import load_tokenizer
 
     info = tokenizer_info(load_tokenizer(tokenizer_dir))
     path.parent.mkdir(parents=True, exist_ok=True)

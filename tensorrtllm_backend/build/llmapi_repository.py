@@ -20,7 +20,7 @@ import yaml
 
 from .repository import CONFIG_NAME, TemplateError, parse_config
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "all_models" / "llmapi"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "all_models" / "llmapi"
 MODEL_NAME = "tensorrt_llm"
 MODEL_YAML = "model.yaml"
 # Keys model.yaml sets from pack_model's own flags: --llm-arg may not override them.

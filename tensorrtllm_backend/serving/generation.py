@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from .engine import EngineInfo
+from ..common.engine_config import EngineInfo
+from ..common.lora import LoraAdapter, LoraRegistry
+from ..common.tokenization import StopStringMatcher
 from .engine_api import DRAIN_RESPONSES, EngineModelError, InferenceEngine
 from .guided import GuideCompiler, GuideError, check_guide_text
-from .lora import LoraAdapter, LoraRegistry
 from .metrics import GenerationMetrics
 from .request_errors import RequestError
 from .routes import Decoder, EngineRoute, Route, make_route
@@ -29,7 +30,6 @@ from .schemas import (
     SamplingParams,
     SequenceResult,
 )
-from .tokenization import StopStringMatcher
 from .translation import LoraTensors, sequence_index
 
 

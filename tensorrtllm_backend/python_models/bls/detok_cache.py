@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from tensorrtllm_backend.tokenization import IncrementalDetokenizer
+from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer
 
 
 class DetokenizerCache:

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from .settings import load_settings
+from ..settings import load_settings
 
 request_log = logging.getLogger("bentoml.trtllm.requests")
 

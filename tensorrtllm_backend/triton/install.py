@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import load_settings
+from ..settings import load_settings
 from .stub_python import STUB_NAME
 
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")

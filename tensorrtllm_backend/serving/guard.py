@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .settings import load_settings
+from ..settings import load_settings
 
 OPEN_PATHS = frozenset(
     {"/livez", "/readyz", "/healthz", "/metrics", "/triton/metrics", "/docs", "/docs.json", "/"}

@@ -2,7 +2,7 @@
 tiny random-weight Llama, both loadable with AutoTokenizer / AutoModelForCausalLM.
 
 Nothing is downloaded, so tests and CI get a real transformers model in a few seconds.
-Usage: python -m tensorrtllm_backend.cpu_engine.demo OUT_DIR [--engine-dir ENGINE_DIR]
+Usage: python -m tensorrtllm_backend.build.demo OUT_DIR [--engine-dir ENGINE_DIR]
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     ckpt = build_demo_checkpoint(args.out_dir)
     print(f"demo checkpoint: {ckpt}")
     if args.engine_dir is not None:
-        from .config import write_engine_dir
+        from ..common.cpu_engine_config import write_engine_dir
 
         model_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
         write_engine_dir(

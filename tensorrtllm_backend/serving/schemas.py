@@ -1,7 +1,7 @@
 """Pydantic schemas of the native API and the core result types shared by every API.
 
 Limits that depend on the engine (prompt length, max_tokens, beam width) are checked later, in
-:mod:`tensorrtllm_backend.generation`, where the engine's limits are known.
+:mod:`tensorrtllm_backend.serving.generation`, where the engine's limits are known.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
+from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, decode, load_tokenizer
 from ..stub_guard import cpu_engine_grace_s, start_orphan_guard, stop_orphan_guard
-from ..tokenization import IncrementalDetokenizer, StopStringMatcher, decode, load_tokenizer
 from .request import FinishReason, GenRequest, SamplingParams
 from .scheduler import Scheduler
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import bentoml
 
-from .packing import FORMAT
-from .settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
-from .triton_command import find_free_port
+from ..build.packing import FORMAT
+from ..settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
+from ..triton.command import find_free_port
 
 DEFAULT_MODEL = "trtllm-demo:latest"
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
-from .engine import EngineInfo, check_runtime_compatibility, inspect_engine
-from .lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
+from ..common.engine_config import EngineInfo, check_runtime_compatibility, inspect_engine
+from ..common.lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
 from .repository import TemplateError, fill_repository
 from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
 from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
@@ -166,7 +166,7 @@ def _check_tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
             f"no tokenizer in {tokenizer_dir} (expected tokenizer.json, tokenizer_config.json or "
             "tokenizer.model): pass --tokenizer-dir with the Hugging Face tokenizer of the model"
         )
-    from .tokenization import load_tokenizer
+    from ..common.tokenization import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
