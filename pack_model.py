@@ -326,7 +326,7 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
     """--workflow llmapi: validate the checkpoint, then store it with the llmapi repository."""
     from tensorrtllm_backend.build.llmapi_packing import describe_llmapi, plan_llmapi
     from tensorrtllm_backend.build.llmapi_repository import parse_llm_args
-    from tensorrtllm_backend.build.repository import TemplateError
+    from tensorrtllm_backend.common.model_repository import TemplateError
 
     try:
         llm_args = parse_llm_args(args.llm_arg)

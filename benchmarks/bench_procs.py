@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tensorrtllm_backend.build.repository import localize_repository
 from tensorrtllm_backend.serving.runtime import engine_instances
 from tensorrtllm_backend.triton.command import TritonServerConfig, find_free_port
+from tensorrtllm_backend.triton.localize import localize_repository
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
 
 ROOT = Path(__file__).resolve().parent.parent

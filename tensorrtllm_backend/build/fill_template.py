@@ -24,12 +24,8 @@ from pathlib import Path
 if not __package__:  # run as a script: make the package importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tensorrtllm_backend.build.repository import (
-    MODEL_NAMES,
-    TemplateError,
-    fill_template,
-    parse_config,
-)
+from tensorrtllm_backend.build.repository import MODEL_NAMES, fill_template
+from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
 
 EXIT_USAGE = 2
 _NAME_LINE = re.compile(r'^\s*name\s*:\s*"([^"]+)"', re.MULTILINE)

@@ -17,19 +17,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..common.model_repository import TemplateError
+from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
 from .llmapi_repository import build_model_yaml, write_llmapi_repository
-from .packing import (
-    FORMAT,
-    MANIFEST,
-    REPOSITORY,
-    TOKENIZER,
-    TOKENIZER_FILES,
-    PackError,
-    check_tag,
-    link_or_copy,
-)
-from .repository import TemplateError
+from .packing import TOKENIZER_FILES, PackError, check_tag, link_or_copy
 
 WORKFLOW = "llmapi"
 CHECKPOINT = "checkpoint"

@@ -10,7 +10,6 @@ relative to the model's root and made absolute on the serving machine by
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -18,11 +17,17 @@ from typing import Any
 
 import yaml
 
-from .repository import CONFIG_NAME, TemplateError, parse_config
+from ..common.model_repository import (
+    CONFIG_NAME,
+    COPY_IGNORE,
+    MODEL_YAML,
+    TemplateError,
+    dump_model_yaml,
+    parse_config,
+)
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "all_models" / "llmapi"
 MODEL_NAME = "tensorrt_llm"
-MODEL_YAML = "model.yaml"
 # Keys model.yaml sets from pack_model's own flags: --llm-arg may not override them.
 RESERVED_KEYS = frozenset(
     {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"}
@@ -100,34 +105,6 @@ def write_llmapi_repository(dst: Path, model_yaml: Mapping[str, Any]) -> Path:
     if Path(dst).exists():
         raise TemplateError(f"{dst} exists")
     target = Path(dst) / MODEL_NAME
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(source, target, ignore=COPY_IGNORE)
     (target / "1" / MODEL_YAML).write_text(dump_model_yaml(model_yaml), encoding="utf-8")
     return Path(dst)
-
-
-def dump_model_yaml(data: Mapping[str, Any]) -> str:
-    header = (
-        "# LLM API arguments of tensorrt_llm.LLM (NVIDIA's llmapi model.yaml keys), written by\n"
-        "# pack_model.py --workflow llmapi. `model` is relative to the stored model's root until\n"
-        "# the service localizes the repository.\n"
-    )
-    return header + yaml.safe_dump(dict(data), sort_keys=False)
-
-
-def localize_model_yaml(repository: Path, model_root: Path) -> list[Path]:
-    """Make a relative ``model`` in every ``*/1/model.yaml`` of ``repository`` absolute under
-    ``model_root``, in place; returns the files rewritten. Hub ids (``org/name``) that do not
-    exist under the model root are left alone."""
-    root = Path(os.path.abspath(model_root))
-    changed = []
-    for path in sorted(Path(repository).glob(f"*/*/{MODEL_YAML}")):
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or not isinstance(data.get("model"), str):
-            continue
-        value = data["model"]
-        if os.path.isabs(value) or not (root / value).exists():
-            continue
-        data["model"] = os.path.normpath(root / value)
-        path.write_text(dump_model_yaml(data), encoding="utf-8")
-        changed.append(path)
-    return changed

@@ -26,21 +26,18 @@ from tqdm import tqdm
 
 from ..common.engine_config import EngineInfo, check_runtime_compatibility, inspect_engine
 from ..common.lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
-from .repository import TemplateError, fill_repository
+from ..common.model_repository import TemplateError
+from ..common.model_store import ENGINES, FORMAT, MANIFEST, REPOSITORY, TOKENIZER
+from .repository import fill_repository
 from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
 from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-MANIFEST = "trtllm_model.json"
-ENGINES = "engines"
-TOKENIZER = "tokenizer"
-REPOSITORY = "model_repository"
 # Written at pack time for NVIDIA's C++ backend, which reads the vocabulary for guided decoding
 # from this file rather than from tokenizer_dir (relative: localized where the model is served).
 XGRAMMAR_TOKENIZER_INFO = f"{TOKENIZER}/{XGRAMMAR_INFO_FILE}"
-FORMAT = "bentotrtllm/1"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -382,16 +379,3 @@ def staging_dir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def read_manifest(model_root: Path) -> dict[str, Any]:
-    path = model_root / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise PackError(
-            f"{model_root} is not a model packed by pack_model.py ({MANIFEST}: {error})"
-        ) from error
-    if data.get("format") != FORMAT:
-        raise PackError(f"{path}: unsupported format {data.get('format')!r}, expected {FORMAT}")
-    return dict(data)

@@ -1,4 +1,4 @@
-"""Fill the inflight_batcher_llm templates into a Triton model repository, and localize one.
+"""Fill the inflight_batcher_llm templates into a Triton model repository (pack time).
 
 The templates keep NVIDIA's ``${placeholder}`` names so their fill commands and docs carry over.
 Unlike NVIDIA's ``fill_template.py`` (``safe_substitute``, unfilled placeholders stay literal),
@@ -10,16 +10,22 @@ config parser.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from string import Template
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
+
+from ..common.model_repository import (
+    CONFIG_NAME,
+    COPY_IGNORE,
+    TemplateError,
+    parse_config,
+    replace_dir,
+    staging_dir,
+)
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "all_models" / "inflight_batcher_llm"
 MODEL_NAMES: tuple[str, ...] = (
@@ -28,21 +34,6 @@ MODEL_NAMES: tuple[str, ...] = (
     "tensorrt_llm",
     "postprocessing",
     "tensorrt_llm_bls",
-)
-CONFIG_NAME = "config.pbtxt"
-
-# Parameters whose value is a filesystem path. Relative values are resolved against the model root
-# by localize_repository (a repository in the model store must not bake the pack machine's paths).
-# executor_worker_path is left out on purpose: it names a file of the NGC image, never the model.
-PATH_PARAMETERS: frozenset[str] = frozenset(
-    {
-        "tokenizer_dir",  # preprocessing, postprocessing, tensorrt_llm (guided decoding)
-        "gpt_model_path",  # tensorrt_llm (engine_dir), preprocessing (multimodal vocab size)
-        "encoder_model_path",  # tensorrt_llm (encoder_engine_dir)
-        "multimodal_model_path",  # preprocessing
-        "lora_prefetch_dir",  # tensorrt_llm
-        "xgrammar_tokenizer_info_path",  # tensorrt_llm
-    }
 )
 
 # Placeholders that sit outside a quoted string in the templates: an empty or malformed value
@@ -170,10 +161,6 @@ _TRUE = frozenset({"true", "1", "yes", "on", "t"})
 _FALSE = frozenset({"false", "0", "no", "off", "f"})
 
 
-class TemplateError(ValueError):
-    """A template could not be filled into a valid config; the message says what to fix."""
-
-
 def placeholders(text: str) -> set[str]:
     """Names of the ``${name}`` / ``$name`` placeholders in ``text`` (string.Template syntax)."""
     names: set[str] = set()
@@ -259,17 +246,6 @@ def fill_template(
     return filled
 
 
-def parse_config(text: str, *, source: str = CONFIG_NAME) -> model_config_pb2.ModelConfig:
-    """Parse config.pbtxt text the way Triton does (protobuf text format) into a ModelConfig."""
-    try:
-        return text_format.Parse(text, model_config_pb2.ModelConfig())
-    except text_format.ParseError as exc:
-        line_no = exc.GetLine() or 0
-        lines = text.splitlines()
-        line = lines[line_no - 1].strip() if 0 < line_no <= len(lines) else ""
-        raise TemplateError(f"{source}: line {line_no}: {exc} (line: {line!r})") from exc
-
-
 def _fill_model_config(model_dir: Path, model: str, values: Mapping[str, object]) -> str:
     """Fill and validate one model's config; returns the text to write."""
     text = (model_dir / CONFIG_NAME).read_text()
@@ -281,35 +257,6 @@ def _fill_model_config(model_dir: Path, model: str, values: Mapping[str, object]
             f"folder name {model!r}"
         )
     return filled
-
-
-def _replace_dir(tmp: Path, dst: Path, *, overwrite: bool) -> None:
-    """Move a fully written ``tmp`` into place; an old ``dst`` is removed only afterwards."""
-    if dst.exists():
-        if not overwrite:
-            raise TemplateError(f"{dst} exists; pass overwrite=True to replace it")
-        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old-"))
-        os.replace(dst, old / dst.name)
-        try:
-            os.replace(tmp, dst)
-        except BaseException:
-            os.replace(old / dst.name, dst)  # put the previous repository back
-            old.rmdir()
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, dst)
-
-
-def _staging_dir(dst: Path, overwrite: bool) -> Path:
-    """A fresh directory next to ``dst`` (same filesystem, so the final rename is atomic)."""
-    if dst.exists() and not overwrite:
-        raise TemplateError(f"{dst} exists; pass overwrite=True to replace it")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
-
-
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 def fill_repository(
@@ -341,93 +288,17 @@ def fill_repository(
             f"unknown option(s) {', '.join(unknown)}: no template uses them; "
             f"valid options: {', '.join(sorted(known))}"
         )
-    tmp = _staging_dir(dst, overwrite)
+    tmp = staging_dir(dst, overwrite)
     try:
         for model in models:
             src_dir = templates_dir / model
             out_dir = tmp / model
-            shutil.copytree(src_dir, out_dir, ignore=_IGNORE, symlinks=False)
+            shutil.copytree(src_dir, out_dir, ignore=COPY_IGNORE, symlinks=False)
             subset = {k: v for k, v in options.items() if k in per_model[model]}
             filled = _fill_model_config(src_dir, model, subset)
             (out_dir / CONFIG_NAME).write_text(filled)
             (out_dir / "1").mkdir(exist_ok=True)
-        _replace_dir(tmp, dst, overwrite=overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dst
-
-
-def localize_config(config: model_config_pb2.ModelConfig, model_root: Path) -> list[str]:
-    """Make relative PATH_PARAMETERS of ``config`` absolute under ``model_root``, in place.
-
-    Returns the keys rewritten. Empty values and unfilled ``${...}`` values mean "not set" and are
-    left alone; absolute values stay as they are.
-    """
-    root = Path(os.path.abspath(model_root))
-    changed = []
-    for key in sorted(PATH_PARAMETERS & set(config.parameters)):
-        value = config.parameters[key].string_value
-        if not value or value.startswith("${") or os.path.isabs(value):
-            continue
-        config.parameters[key].string_value = os.path.normpath(root / value)
-        changed.append(key)
-    return changed
-
-
-def set_engine_instances(config: model_config_pb2.ModelConfig, count: int) -> bool:
-    """Run ``count`` instances of the CPU stand-in's ``tensorrt_llm`` model, in place.
-
-    Each instance is its own Python stub process with its own scheduler, so the stand-in's
-    response rate grows with the count (one stub sends at most a few thousand responses a
-    second). Triton spreads requests over the instances. NVIDIA's C++ backend batches in flight
-    inside one instance and is left alone. Returns whether the config changed.
-    """
-    if count < 1:
-        raise TemplateError(f"engine instances must be 1 or more, not {count}")
-    if config.name != "tensorrt_llm" or config.backend != "python":
-        return False
-    if len(config.instance_group) == 1 and config.instance_group[0].count == count:
-        return False
-    del config.instance_group[:]
-    config.instance_group.add(count=count, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU)
-    return True
-
-
-def localize_repository(
-    src: Path,
-    dst: Path,
-    model_root: Path,
-    *,
-    overwrite: bool = False,
-    engine_instances: int | None = None,
-) -> Path:
-    """Copy the filled repository ``src`` to ``dst`` with relative path parameters made absolute.
-
-    A repository stored with the model holds paths relative to the model's root (``engines``,
-    ``tokenizer``); at service start they are resolved against where the model now lives. Configs
-    are rewritten through protobuf (parse, modify, serialize), so comments are not kept; so is
-    the llmapi model's ``1/model.yaml`` (its ``model`` checkpoint path).
-    ``engine_instances`` sets the CPU stand-in's instance count (see set_engine_instances).
-    """
-    src, dst = Path(src), Path(dst)
-    if not src.is_dir():
-        raise TemplateError(f"{src} is not a model repository directory")
-    tmp = _staging_dir(dst, overwrite)
-    try:
-        shutil.copytree(src, tmp, ignore=_IGNORE, dirs_exist_ok=True)
-        for config_path in sorted(tmp.glob(f"*/{CONFIG_NAME}")):
-            source = f"{config_path.parent.name}/{CONFIG_NAME}"
-            config = parse_config(config_path.read_text(), source=source)
-            changed = bool(localize_config(config, model_root))
-            if engine_instances is not None:
-                changed = set_engine_instances(config, engine_instances) or changed
-            if changed:
-                config_path.write_text(text_format.MessageToString(config))
-        from .llmapi_repository import localize_model_yaml  # the llmapi model's settings
-
-        localize_model_yaml(tmp, model_root)
-        _replace_dir(tmp, dst, overwrite=overwrite)
+        replace_dir(tmp, dst, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

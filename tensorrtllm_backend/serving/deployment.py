@@ -17,7 +17,7 @@ from typing import Any
 
 import bentoml
 
-from ..build.packing import FORMAT
+from ..common.model_store import FORMAT
 from ..settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
 from ..triton.command import find_free_port
 

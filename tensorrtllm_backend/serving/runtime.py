@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..build.packing import ENGINES, REPOSITORY, TOKENIZER, read_manifest
-from ..build.repository import CONFIG_NAME, TemplateError, localize_repository, parse_config
 from ..common.engine_config import EngineInfo, inspect_engine
 from ..common.lora import LoraRegistry
+from ..common.model_repository import CONFIG_NAME, TemplateError, parse_config
+from ..common.model_store import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from ..common.tokenization import load_tokenizer
 from ..settings import load_settings
 from ..triton.client import TritonLLMClient
 from ..triton.command import TritonServerConfig
+from ..triton.localize import localize_repository
 from ..triton.sharing import SharedTriton
 from ..triton.supervisor import ServerState, TritonSupervisor
 from ..triton.watchdog import StallWatchdog

@@ -19,8 +19,8 @@ from conftest import BentoServer, pack, start_bento_server
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
-from tensorrtllm_backend.build.repository import localize_repository
 from tensorrtllm_backend.triton.command import TritonServerConfig, find_free_port
+from tensorrtllm_backend.triton.localize import localize_repository
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
 
 pytestmark = pytest.mark.integration

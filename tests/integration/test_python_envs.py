@@ -22,7 +22,7 @@ import psutil
 import pytest
 from test_server import ECHO_CONFIG, ECHO_MODEL, kill_all, process_tree, wait_gone
 
-from tensorrtllm_backend.build.packing import REPOSITORY
+from tensorrtllm_backend.common.model_store import REPOSITORY
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.install import TritonModelLoadError
 from tensorrtllm_backend.triton.supervisor import ServerState, TritonSupervisor

@@ -12,7 +12,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from tensorrtllm_backend.build.fill_template import main, parse_substitutions
-from tensorrtllm_backend.build.repository import TEMPLATES_DIR, TemplateError, parse_config
+from tensorrtllm_backend.build.repository import TEMPLATES_DIR
+from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable

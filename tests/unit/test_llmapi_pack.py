@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 from test_pack_model import demo_checkpoint, name, run_pack, unchanged_store  # noqa: F401
 from transformers import LlamaConfig, Qwen2Config
 
-from tensorrtllm_backend.build.repository import localize_repository
+from tensorrtllm_backend.triton.localize import localize_repository
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

@@ -14,11 +14,11 @@ from tensorrtllm_backend.build.llmapi_repository import (
     MODEL_NAME,
     TEMPLATES_DIR,
     build_model_yaml,
-    localize_model_yaml,
     parse_llm_args,
     write_llmapi_repository,
 )
-from tensorrtllm_backend.build.repository import TemplateError, parse_config
+from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
+from tensorrtllm_backend.triton.localize import localize_model_yaml
 
 CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_llmapi.json").read_text())
 CONFIG = TEMPLATES_DIR / MODEL_NAME / "config.pbtxt"

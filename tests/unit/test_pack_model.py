@@ -19,9 +19,11 @@ import pytest
 import pack_model
 from tensorrtllm_backend.build import packing
 from tensorrtllm_backend.build.demo import build_demo_checkpoint
-from tensorrtllm_backend.build.repository import localize_repository, parse_config
 from tensorrtllm_backend.build.xgrammar_info import tokenizer_info
+from tensorrtllm_backend.common.model_repository import parse_config
+from tensorrtllm_backend.common.model_store import read_manifest
 from tensorrtllm_backend.common.tokenization import load_tokenizer
+from tensorrtllm_backend.triton.localize import localize_repository
 
 OLD_IMAGE = "nvcr.io/nvidia/tritonserver:24.03-trtllm-python-py3"  # TensorRT-LLM 0.8.0
 MATCHING_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-trtllm-python-py3"  # TensorRT-LLM 0.12.0
@@ -335,7 +337,7 @@ def test_slow_tokenizer_with_guided_decoding_asked_is_an_error(
 
 
 def test_packed_manifest_and_metadata(packed: bentoml.Model) -> None:
-    manifest = packing.read_manifest(Path(packed.path))
+    manifest = read_manifest(Path(packed.path))
     assert manifest["source"] == "engine" and manifest["route"] == "direct"
     assert manifest["engine"]["version"] == "0.12.0"
     assert manifest["fill_options"]["triton_backend"] == "tensorrtllm"
@@ -470,7 +472,7 @@ def test_synthetic_packs_without_a_checkpoint(name: str, capsys) -> None:
         assert config["cpu_engine"]["mode"] == "synthetic"
         assert config["cpu_engine"]["itl_ms"] == 5.0
         assert (root / packing.TOKENIZER / "tokenizer.json").is_file()
-        assert packing.read_manifest(root)["route"] == "ensemble"
+        assert read_manifest(root)["route"] == "ensemble"
         assert model.info.metadata["engine_cpu_mode"] == "synthetic"
     finally:
         bentoml.models.delete(str(model.tag))

@@ -11,16 +11,14 @@ from tritonclient.grpc import model_config_pb2
 from tensorrtllm_backend.build.repository import (
     DEFAULTS,
     MODEL_NAMES,
-    PATH_PARAMETERS,
     TEMPLATES_DIR,
-    TemplateError,
     fill_repository,
     fill_template,
-    localize_repository,
-    parse_config,
     placeholders,
     template_placeholders,
 )
+from tensorrtllm_backend.common.model_repository import PATH_PARAMETERS, TemplateError, parse_config
+from tensorrtllm_backend.triton.localize import localize_repository
 
 TRT = (TEMPLATES_DIR / "tensorrt_llm" / "config.pbtxt").read_text()
 

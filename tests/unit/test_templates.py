@@ -20,9 +20,9 @@ from tensorrtllm_backend.build.repository import (
     TEMPLATES_DIR,
     TYPED_PLACEHOLDERS,
     fill_template,
-    parse_config,
     placeholders,
 )
+from tensorrtllm_backend.common.model_repository import parse_config
 
 CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_c2e65b8.json").read_text())
 # Distinct values for the typed placeholders prove those tensors really are placeholder-typed.
