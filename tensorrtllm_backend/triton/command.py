@@ -3,7 +3,10 @@ mpirun for several ranks), and the environment its python stubs need."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import socket
 import sys
 import urllib.error
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..settings import BACKEND_PYTHONPATH_ENV
 from .install import TritonInstallation
 
 LOOPBACK = "127.0.0.1"
@@ -175,3 +179,29 @@ def hide_virtualenv(env: dict[str, str]) -> None:
     venv_bin = os.path.realpath(os.path.join(venv, "bin"))
     entries = env.get("PATH", "").split(os.pathsep)
     env["PATH"] = os.pathsep.join(e for e in entries if os.path.realpath(e or ".") != venv_bin)
+
+
+def tritonserver_environment(
+    installation: TritonInstallation, python_paths: Sequence[str] | None
+) -> dict[str, str]:
+    """This process's environment for tritonserver: the wheel's libraries on the loader path, the
+    paths the python models import from (TRTLLM_BACKEND_PYTHONPATH), the venv off PATH."""
+    env = dict(os.environ)
+    if installation.library_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*(str(d) for d in installation.library_dirs), env.get("LD_LIBRARY_PATH", "")]
+        ).rstrip(os.pathsep)
+    paths = default_python_paths() if python_paths is None else python_paths
+    env[BACKEND_PYTHONPATH_ENV] = os.pathsep.join(paths)
+    hide_virtualenv(env)
+    return env
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Runs in the child before exec: get SIGKILLed when the spawning thread dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

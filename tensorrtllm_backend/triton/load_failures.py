@@ -76,3 +76,24 @@ def deterministic_failures(failures: list[LoadFailure]) -> list[LoadFailure]:
     if not failures or any(not failure.deterministic for failure in failures):
         return []
     return failures
+
+
+_ERROR_LINE = re.compile(r"^E\d{4} |error:|Poll failed|failed to load|UNAVAILABLE", re.IGNORECASE)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The end of Triton's log for error messages: its error lines first (the cause tends to
+    scroll away behind the options table), then the last lines without the table."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 256 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    all_lines = text.splitlines()
+    errors = [line for line in all_lines if _ERROR_LINE.search(line)]
+    body = [line for line in all_lines if not line.startswith(("|", "+--"))]
+    tail = body[-lines:]
+    picked = [line for line in errors[-10:] if line not in tail]
+    return "\n".join([*picked, *(["..."] if picked else []), *tail])

@@ -9,11 +9,9 @@ so tritonserver dies with the thread that owns it and never outlives a SIGKILLed
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import enum
 import logging
 import os
-import re
 import signal
 import subprocess
 import tempfile
@@ -23,17 +21,16 @@ from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
-from ..settings import BACKEND_PYTHONPATH_ENV
 from .command import (
     LOOPBACK,
     TritonPorts,
     TritonServerConfig,
     build_command,
-    default_python_paths,
+    die_with_parent,
     find_free_port,
-    hide_virtualenv,
     port_free,
     probe_ready,
+    tritonserver_environment,
 )
 from .install import (
     TritonError,
@@ -44,7 +41,7 @@ from .install import (
     default_cache_root,
     find_tritonserver,
 )
-from .load_failures import deterministic_failures, read_load_failures
+from .load_failures import deterministic_failures, log_tail, read_load_failures
 from .stub_python import (
     Interpreter,
     StubPython,
@@ -57,8 +54,6 @@ from .stub_watch import StubWatch
 
 logger = logging.getLogger(__name__)
 
-ENV_BACKEND_PYTHONPATH = BACKEND_PYTHONPATH_ENV
-_PR_SET_PDEATHSIG = 1
 STUB_CHECK_TICKS = 5  # the watch loop ticks every 0.2 s: stubs are checked every second
 
 
@@ -68,34 +63,6 @@ class ServerState(str, enum.Enum):
     READY = "ready"
     RESTARTING = "restarting"
     FAILED = "failed"
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: get SIGKILLed when the spawning thread dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-_ERROR_LINE = re.compile(r"^E\d{4} |error:|Poll failed|failed to load|UNAVAILABLE", re.IGNORECASE)
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    """The end of Triton's log for error messages: its error lines first (the cause tends to
-    scroll away behind the options table), then the last lines without the table."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 256 * 1024))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    all_lines = text.splitlines()
-    errors = [line for line in all_lines if _ERROR_LINE.search(line)]
-    body = [line for line in all_lines if not line.startswith(("|", "+--"))]
-    tail = body[-lines:]
-    picked = [line for line in errors[-10:] if line not in tail]
-    return "\n".join([*picked, *(["..."] if picked else []), *tail])
 
 
 @dataclass
@@ -178,8 +145,8 @@ class TritonSupervisor:
     def log_path(self) -> Path | None:
         return self._run.log_path if self._run else None
 
-    def log_tail(self, lines: int = 40) -> str:
-        return _tail(self._run.log_path, lines) if self._run else ""
+    def loglog_tail(self, lines: int = 40) -> str:
+        return log_tail(self._run.log_path, lines) if self._run else ""
 
     def is_ready(self) -> bool:
         """Ready means: our process is alive and Triton's own readiness endpoint says so."""
@@ -264,7 +231,7 @@ class TritonSupervisor:
             logger.error(
                 "tritonserver exited unexpectedly (code %s); last log lines:\n%s",
                 code,
-                _tail(run.log_path, 20),
+                log_tail(run.log_path, 20),
             )
             self._failure = f"tritonserver exited unexpectedly (code {code})"
             self._ready_event.clear()
@@ -353,16 +320,7 @@ class TritonSupervisor:
         )
 
     def _environment(self, installation: TritonInstallation) -> dict[str, str]:
-        env = dict(os.environ)
-        if installation.library_dirs:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                [*(str(d) for d in installation.library_dirs), env.get("LD_LIBRARY_PATH", "")]
-            ).rstrip(os.pathsep)
-        paths = self.config.python_paths
-        env[ENV_BACKEND_PYTHONPATH] = os.pathsep.join(
-            default_python_paths() if paths is None else paths
-        )
-        hide_virtualenv(env)
+        env = tritonserver_environment(installation, self.config.python_paths)
         plan = self._plan_stub_python(installation, env)
         if plan is not None:
             apply_stub_python(plan, env, default_cache_root())
@@ -405,7 +363,7 @@ class TritonSupervisor:
                 stderr=subprocess.STDOUT,
                 env=self._environment(installation),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         run = _Run(process, ports, log_path)
         self._run = run
@@ -422,7 +380,7 @@ class TritonSupervisor:
                 self._raise_if_a_model_failed(run)
                 raise TritonStartupError(
                     f"tritonserver exited with code {code} before it was ready. "
-                    f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
+                    f"Last lines of its log ({run.log_path}):\n{log_tail(run.log_path)}"
                 )
             polls += 1
             if polls % 5 == 0:  # a failed model may leave tritonserver up (explicit loading)
@@ -438,7 +396,7 @@ class TritonSupervisor:
             time.sleep(0.2)
         raise TritonStartupError(
             f"tritonserver was not ready after {self.config.startup_timeout_s:.0f} s. "
-            f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
+            f"Last lines of its log ({run.log_path}):\n{log_tail(run.log_path)}"
         )
 
     @staticmethod
@@ -458,7 +416,7 @@ class TritonSupervisor:
             raise TritonModelLoadError(
                 f"{what}: {len(failures)} model(s) failed to load, and starting again would "
                 f"fail the same way:\n{reasons}\n"
-                f"Last lines of its log ({run.log_path}):\n{_tail(run.log_path)}"
+                f"Last lines of its log ({run.log_path}):\n{log_tail(run.log_path)}"
             )
 
     def _terminate(self, run: _Run, timeout_s: float) -> None:
