@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=96, help="requests per round and mode")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--demo-size",
+        choices=["tiny", "1b"],
+        default="tiny",
+        help="the demo model's size (1b: a 1B Llama's shapes; on a GPU host it decodes on CUDA)",
+    )
     parser.add_argument("--goal", type=float, default=0.90, help="guided/unguided tok/s floor")
     parser.add_argument("--out", type=Path, help="JSON result path")
     return parser
@@ -211,14 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Processes(work_dir) as procs:
             model = procs.pack(
-                "--demo", "--max-batch-size", str(max(64, args.concurrency)),
+                "--demo", "--demo-size", args.demo_size,
+                "--max-batch-size", str(max(64, args.concurrency)),
                 "--max-input-len", "256", "--max-seq-len", str(256 + args.max_tokens + 64),
                 name="bench-guided",
             )  # fmt: skip
             service = procs.start_service(
                 "guided", "service:TRTLLM", ROOT, {"TRTLLM_MODEL": model.tag}
             )
-            print(f"-- demo model, C={args.concurrency}, {args.rounds} x {args.requests} "
+            print(f"-- demo model ({args.demo_size}), C={args.concurrency}, {args.rounds} x {args.requests} "
                   f"requests per mode, max_tokens {args.max_tokens}", flush=True)  # fmt: skip
             rounds = asyncio.run(measure(service.url, args))
     except KeyboardInterrupt:

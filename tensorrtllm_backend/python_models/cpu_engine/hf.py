@@ -54,6 +54,8 @@ class _GuideStep:
             self._bitmask = self._xgrammar.allocate_token_bitmask(rows, self._vocab_size)
         bitmask = self._bitmask[:rows]
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        if logits.device != bitmask.device:  # matchers fill a host mask; a GPU masks on the GPU
+            bitmask = bitmask.to(logits.device, non_blocking=True)
         self._xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self._vocab_size)
 
     def accept(self, reqs: list[GenRequest], matchers: list[object], tokens: list[int]) -> None:
