@@ -56,7 +56,8 @@ def test_bento_source_has_service_and_templates(built_bento: bentoml.Bento) -> N
     src = Path(built_bento.path_of("src"))
     assert (src / "service.py").is_file()
     assert (src / "pack_model.py").is_file()
-    assert (src / "tensorrtllm_backend" / "server.py").is_file()
+    assert (src / "tensorrtllm_backend" / "triton" / "supervisor.py").is_file()
+    assert (src / "tensorrtllm_backend" / "settings.py").is_file()
     templates = src / "tensorrtllm_backend" / "all_models" / "inflight_batcher_llm"
     for model in (
         "ensemble",
