@@ -1,4 +1,4 @@
-"""Fixtures shared by the CPU engine's unit tests."""
+"""Fixtures shared by the CPU engine's unit tests (python_models/cpu_engine)."""
 
 from __future__ import annotations
 

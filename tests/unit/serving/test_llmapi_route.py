@@ -21,7 +21,7 @@ from tensorrtllm_backend.serving.routes.llmapi import (
 )
 from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
 
-CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_llmapi.json").read_text())
+CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_llmapi.json").read_text())
 NUMPY_DTYPES = {
     "STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64,
     "FP32": np.float32,

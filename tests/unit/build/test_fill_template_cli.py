@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 from tensorrtllm_backend.build.fill_template import main, parse_substitutions
 from tensorrtllm_backend.build.repository import TEMPLATES_DIR, TemplateError, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable
 
 # The commands of the BentoML TensorRT-LLM guide, verbatim (paths aside).
