@@ -28,12 +28,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
 
 from benchmarks.bench_clients import (
     GrpcDirect,
-    OpenAICompletions,
     PromptCase,
     RequestFn,
-    TextStream,
     http_client,
     run_open_loop,
+    service_request,
 )
 from benchmarks.bench_procs import Processes, save_result, synthetic_parser
 from benchmarks.bench_stats import TargetSummary, add_ratios, format_table, summarize
@@ -58,12 +57,13 @@ async def measure_all(
     try:
         async with http_client(4 * args.in_flight) as client:
             model = await openai_model_name(service_url)
-            targets: list[tuple[str, RequestFn]] = [
-                ("grpc_direct", direct),
-                ("native[direct]", TextStream(client, f"{service_url}/generate", args.max_tokens)),
-                ("openai[direct]",
-                 OpenAICompletions(client, service_url, model, args.max_tokens, "decode")),
-            ]  # fmt: skip
+            targets: list[tuple[str, RequestFn]] = [("grpc_direct", direct)] + [
+                (
+                    f"{api}[direct]",
+                    service_request(api, client, service_url, model, args.max_tokens),
+                )
+                for api in ("native", "openai")
+            ]
             for name, request in targets:
                 await run_open_loop(request, prompts, 8, rate, seed=args.seed + 1)  # warm-up
                 records, wall = await run_open_loop(request, prompts, args.requests, rate,
