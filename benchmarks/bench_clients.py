@@ -349,3 +349,16 @@ class OpenAICompletions:
             record.short = text_short or record.tokens < self.max_tokens
             record.mismatch = mismatch
         return record
+
+
+def service_request(
+    api: str, client: aiohttp.ClientSession, url: str, model: str, max_tokens: int,
+    expect: str | None = "decode",
+) -> RequestFn:  # fmt: skip
+    """The request function of one of the service's streaming APIs at `url`: "native" (POST
+    /generate) or "openai" (/v1/completions of `model`)."""
+    if api == "native":
+        return TextStream(client, f"{url}/generate", max_tokens, expect)
+    if api == "openai":
+        return OpenAICompletions(client, url, model, max_tokens, expect)
+    raise ValueError(f"unknown service API {api!r}")

@@ -4,6 +4,7 @@ also on Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -32,6 +33,30 @@ def write_result(result: dict[str, object], path: Path | None, prefix: str) -> P
     path = path or BENCH_DIR / "results" / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
+
+
+def synthetic_parser(doc: str | None, requests: int, requests_help: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark that serves the synthetic engine itself, with the options
+    they all take: the engine's inter-token latency, the requests, output tokens per request and
+    the result file."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--itl-ms", type=float, default=20.0, help="synthetic inter-token latency")
+    parser.add_argument("--requests", type=int, default=requests, help=requests_help)
+    parser.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
+    parser.add_argument("--json", type=Path, help="result file (default benchmarks/results/...)")
+    return parser
+
+
+def save_result(
+    args: argparse.Namespace, measured: dict[str, object], started: float, prefix: str
+) -> Path:
+    """The run's settings, what it measured and how long it took, written by write_result."""
+    result = {"settings": vars(args), **measured, "duration_s": time.perf_counter() - started}
+    path = write_result(result, args.json, prefix)
+    print(f"\nwrote {path} ({result['duration_s']:.0f} s)")
     return path
 
 

@@ -19,12 +19,11 @@ from typing import Any
 
 from .bench_clients import (
     GrpcDirect,
-    OpenAICompletions,
     PromptCase,
     RequestFn,
-    TextStream,
     http_client,
     run_load,
+    service_request,
 )
 from .bench_stats import RequestRecord, TargetSummary, summarize
 
@@ -65,14 +64,8 @@ async def _client_load(
         finally:
             await direct.close()
     async with http_client(concurrency) as client:
-        request: RequestFn
-        if spec.kind == "native":
-            request = TextStream(client, f"{spec.url}/generate", spec.max_tokens, spec.expect)
-        elif spec.kind == "openai":
-            model = spec.model or "model"
-            request = OpenAICompletions(client, spec.url, model, spec.max_tokens, spec.expect)
-        else:
-            raise ValueError(f"unknown load kind {spec.kind!r}")
+        model = spec.model or "model"
+        request = service_request(spec.kind, client, spec.url, model, spec.max_tokens, spec.expect)
         return await go(request)
 
 

@@ -40,7 +40,7 @@ from benchmarks.bench_clients import (
     http_client,
     run_load,
 )
-from benchmarks.bench_procs import BENCH_DIR, Processes, write_result
+from benchmarks.bench_procs import BENCH_DIR, Processes, save_result, synthetic_parser
 from benchmarks.bench_stats import RequestRecord, percentile
 from benchmarks.stream_bench import ServedSynthetic, serve_synthetic
 from benchmarks.ttft_probe.sitecustomize import (
@@ -191,15 +191,9 @@ async def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--itl-ms", type=float, default=20.0, help="synthetic inter-token latency")
+    parser = synthetic_parser(__doc__, 512, "requests per target and round")
     parser.add_argument("--concurrency", type=int, default=128, help="requests in flight")
-    parser.add_argument("--requests", type=int, default=512, help="requests per target and round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per target")
-    parser.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
-    parser.add_argument("--json", type=Path, help="result file (default benchmarks/results/...)")
     return parser
 
 
@@ -233,13 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     by_target = {name: segment_stats(target_rows) for name, target_rows in rows.items()}
     print(f"\n{label}")
     print(format_breakdown(by_target))
-    result = {
-        "settings": vars(args),
-        "segments": {name: [asdict(stat) for stat in stats] for name, stats in by_target.items()},
-        "duration_s": time.perf_counter() - started,
-    }
-    path = write_result(result, args.json, "ttft_breakdown")
-    print(f"\nwrote {path} ({result['duration_s']:.0f} s)")
+    segments = {name: [asdict(stat) for stat in stats] for name, stats in by_target.items()}
+    save_result(args, {"segments": segments}, started, "ttft_breakdown")
     return 0
 
 

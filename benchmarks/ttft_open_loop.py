@@ -28,28 +28,21 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
 
 from benchmarks.bench_clients import (
     GrpcDirect,
-    OpenAICompletions,
     PromptCase,
     RequestFn,
-    TextStream,
     http_client,
     run_open_loop,
+    service_request,
 )
-from benchmarks.bench_procs import Processes, write_result
+from benchmarks.bench_procs import Processes, save_result, synthetic_parser
 from benchmarks.bench_stats import TargetSummary, add_ratios, format_table, summarize
 from benchmarks.stream_bench import openai_model_name, serve_synthetic
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--itl-ms", type=float, default=20.0, help="synthetic inter-token latency")
+    parser = synthetic_parser(__doc__, 300, "requests per target")
     parser.add_argument("--in-flight", type=int, default=32, help="requests running on average")
-    parser.add_argument("--requests", type=int, default=300, help="requests per target")
-    parser.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
     parser.add_argument("--seed", type=int, default=5, help="seed of the arrival times")
-    parser.add_argument("--json", type=Path, help="result file (default benchmarks/results/...)")
     return parser
 
 
@@ -64,12 +57,13 @@ async def measure_all(
     try:
         async with http_client(4 * args.in_flight) as client:
             model = await openai_model_name(service_url)
-            targets: list[tuple[str, RequestFn]] = [
-                ("grpc_direct", direct),
-                ("native[direct]", TextStream(client, f"{service_url}/generate", args.max_tokens)),
-                ("openai[direct]",
-                 OpenAICompletions(client, service_url, model, args.max_tokens, "decode")),
-            ]  # fmt: skip
+            targets: list[tuple[str, RequestFn]] = [("grpc_direct", direct)] + [
+                (
+                    f"{api}[direct]",
+                    service_request(api, client, service_url, model, args.max_tokens),
+                )
+                for api in ("native", "openai")
+            ]
             for name, request in targets:
                 await run_open_loop(request, prompts, 8, rate, seed=args.seed + 1)  # warm-up
                 records, wall = await run_open_loop(request, prompts, args.requests, rate,
@@ -115,13 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(summaries)
     print()
     print(format_table(summaries))
-    result = {
-        "settings": vars(args),
-        "results": [s.as_dict() for s in summaries],
-        "duration_s": time.perf_counter() - started,
-    }
-    path = write_result(result, args.json, "ttft_open_loop")
-    print(f"\nwrote {path} ({result['duration_s']:.0f} s)")
+    save_result(args, {"results": [s.as_dict() for s in summaries]}, started, "ttft_open_loop")
     return 0
 
 

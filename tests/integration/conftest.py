@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import psutil
 import pytest
 
@@ -43,6 +45,58 @@ def demo_model() -> str:
 @pytest.fixture(scope="session")
 def synthetic_model() -> str:
     return pack("--synthetic", "--itl-ms", "2", "--max-input-len", "256", "--max-seq-len", "1024")
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo Llama checkpoint (built locally), read-only: tests that need a model root next
+    to it link it in."""
+    from tensorrtllm_backend.build.demo import build_demo_checkpoint
+
+    return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "checkpoint")
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(demo_checkpoint: Path):
+    """The demo checkpoint's tokenizer, loaded as the pre/post-processing models load it."""
+    from tensorrtllm_backend.common.tokenization import load_tokenizer
+
+    return load_tokenizer(demo_checkpoint)
+
+
+def openai_client(
+    server: BentoServer, timeout: float, *, asynchronous: bool = False
+) -> openai.OpenAI | openai.AsyncOpenAI:
+    """The official `openai` client on a server's /v1. No retries: a retried 5xx would hide
+    exactly the failures the tests look for."""
+    client = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+    return client(base_url=f"{server.url}/v1", api_key="unused", timeout=timeout, max_retries=0)
+
+
+def engine_counters(metrics_port: int) -> dict[str, float]:
+    """The CPU engine's metrics on Triton's metrics port, each summed over its label sets."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    counters: dict[str, float] = {}
+    for name, value in re.findall(r"^(trtllm_cpu_engine_\w+)(?:\{[^}]*\})? (\S+)$", text, re.M):
+        counters[name] = counters.get(name, 0.0) + float(value)
+    return counters
+
+
+def wait_counters(
+    metrics_port: int, done: Callable[[dict[str, float]], bool], timeout: float = 10.0
+) -> dict[str, float]:
+    """The engine's counters once `done` holds for them, or as they are after `timeout`."""
+    deadline = time.monotonic() + timeout
+    counters = engine_counters(metrics_port)
+    while not done(counters) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        counters = engine_counters(metrics_port)
+    return counters
+
+
+def counter_change(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How much each engine metric moved between two readings."""
+    return {name: value - before.get(name, 0.0) for name, value in after.items()}
 
 
 def private_bentoml_home(tmp_path: Path) -> str:
@@ -185,30 +239,33 @@ def demo_server(demo_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
     server.stop()
 
 
-def _metrics_server(
-    model_tag: str, tmp_path_factory: pytest.TempPathFactory, name: str
-) -> Iterator[tuple[BentoServer, int]]:
-    """A dedicated server whose tritonserver exposes its metrics on a known port (for engine
-    counters); tests may stop it themselves (stopping again is harmless)."""
-    metrics_port = find_free_port()
-    server = start_bento_server(
-        model_tag,
-        tmp_path_factory.mktemp(name),
-        env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
-    )
-    yield server, metrics_port
-    stop_and_reap(server)
+def _metrics_server_fixture(name: str, model_fixture: str, doc: str) -> Callable[..., object]:
+    """A module fixture serving the model `model_fixture` packs, its tritonserver exposing its
+    metrics on a known port (for engine counters): yields (server, metrics port). Tests may
+    stop the server themselves (stopping again is harmless)."""
+
+    def metrics_server(
+        request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[tuple[BentoServer, int]]:
+        metrics_port = find_free_port()
+        server = start_bento_server(
+            request.getfixturevalue(model_fixture),
+            tmp_path_factory.mktemp(name),
+            env={"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)},
+        )
+        yield server, metrics_port
+        stop_and_reap(server)
+
+    metrics_server.__doc__ = doc
+    return pytest.fixture(scope="module", name=name)(metrics_server)
 
 
-@pytest.fixture(scope="module")
-def synthetic_metrics_server(
-    synthetic_model: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[BentoServer, int]]:
-    """The synthetic model with Triton's metrics on a known port."""
-    yield from _metrics_server(synthetic_model, tmp_path_factory, "synthetic-metrics-server")
-
-
-# --- appended for the reliability tests (test_faults, test_security, test_soak_reduced) ---------
+synthetic_metrics_server = _metrics_server_fixture(
+    "synthetic_metrics_server", "synthetic_model", "The synthetic model, metrics on a known port."
+)
+slow_metrics_server = _metrics_server_fixture(
+    "slow_metrics_server", "slow_synthetic_model", "The 50 ms/token model, metrics on a known port."
+)
 
 
 @pytest.fixture(scope="session")
@@ -267,11 +324,3 @@ def module_bento_launcher(
     yield launcher
     for server in servers:
         stop_and_reap(server)
-
-
-@pytest.fixture(scope="module")
-def slow_metrics_server(
-    slow_synthetic_model: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[BentoServer, int]]:
-    """The 50 ms/token synthetic model with Triton's metrics on a known port."""
-    yield from _metrics_server(slow_synthetic_model, tmp_path_factory, "slow-metrics-server")

@@ -42,6 +42,13 @@ def _native(name: str, body: dict[str, Any] | bytes, expect: str, *status: int) 
     ]
 
 
+def _guide(name: str, kind: str, guide: str, expect: str) -> list[Case]:
+    """A native request whose guided_decoding guide of type `kind` does not compile."""
+    return _native(
+        name, {"prompt": "hi", "guided_decoding": {"type": kind, "guide": guide}}, expect
+    )
+
+
 def _openai(name: str, body: dict[str, Any] | bytes, expect: str, *status: int,
             chat: bool | None = None) -> list[Case]:  # fmt: skip
     cases = []
@@ -121,35 +128,14 @@ NATIVE_CASES = [
     *_native(
         "guide-missing", {"prompt": "hi", "guided_decoding": {"type": "regex"}}, "needs a guide"
     ),
-    *_native(
-        "guide-schema-not-json",
-        {"prompt": "hi", "guided_decoding": {"type": "json_schema", "guide": "{type: object"}},
-        "not valid json",
-    ),  # fmt: skip
-    *_native(
-        "guide-schema-invalid",
-        {"prompt": "hi", "guided_decoding": {"type": "json_schema", "guide": '{"type": 7}'}},
-        "not a valid json schema",
-    ),  # fmt: skip
+    *_guide("guide-schema-not-json", "json_schema", "{type: object", "not valid json"),
+    *_guide("guide-schema-invalid", "json_schema", '{"type": 7}', "not a valid json schema"),
     # The compiler's own words: where the regex / grammar breaks.
-    *_native(
-        "guide-regex-unclosed",
-        {"prompt": "hi", "guided_decoding": {"type": "regex", "guide": "[a-"}},
-        "unclosed '['",
-    ),  # fmt: skip
-    *_native(
-        "guide-grammar-undefined-rule",
-        {"prompt": "hi", "guided_decoding": {"type": "ebnf_grammar", "guide": "root ::= item"}},
-        "is not defined",
-    ),  # fmt: skip
-    *_native(
-        "guide-schema-bad-ref",
-        {
-            "prompt": "hi",
-            "guided_decoding": {"type": "json_schema", "guide": '{"$ref": "#/$defs/missing"}'},
-        },
-        "does not compile",
-    ),  # fmt: skip
+    *_guide("guide-regex-unclosed", "regex", "[a-", "unclosed '['"),
+    *_guide("guide-grammar-undefined-rule", "ebnf_grammar", "root ::= item", "is not defined"),
+    *_guide(
+        "guide-schema-bad-ref", "json_schema", '{"$ref": "#/$defs/missing"}', "does not compile"
+    ),
     # No coercion from strings (or numbers) to booleans and numbers; the message names the field.
     *_native(
         "max-tokens-numeric-string", {"prompt": "hi", "max_tokens": "10"}, f"max_tokens: {INT}"

@@ -58,40 +58,29 @@ def _add_model(repo: Path, name: str, engine_dir: Path, *, decoupled: bool, work
     config.write_text(text)
 
 
+# The synthetic engines differ only in these settings (vocabulary and EOS are shared).
+SYNTHETIC = {
+    FAST: {"max_input_len": 64, "max_seq_len": 2048},
+    SLOW: {"itl_ms": 5, "max_batch_size": 1},
+    SYNC: {},
+    MULTI: {"itl_ms": 5, "max_batch_size": 4},
+}
+
+
 @pytest.fixture(scope="module")
 def engine_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cpu-engines")
     ckpt = build_demo_checkpoint(root / "demo-ckpt")
-    return {
-        FAST: write_engine_dir(
-            root / "fast",
-            mode="synthetic",
-            vocab_size=VOCAB,
-            eos_token_id=EOS,
-            max_input_len=64,
-            max_seq_len=2048,
-        ),
-        SLOW: write_engine_dir(
-            root / "slow",
-            mode="synthetic",
-            vocab_size=VOCAB,
-            eos_token_id=EOS,
-            itl_ms=5,
-            max_batch_size=1,
-        ),
-        SYNC: write_engine_dir(root / "sync", mode="synthetic", vocab_size=VOCAB, eos_token_id=EOS),
-        MULTI: write_engine_dir(
-            root / "multi",
-            mode="synthetic",
-            vocab_size=VOCAB,
-            eos_token_id=EOS,
-            itl_ms=5,
-            max_batch_size=4,
-        ),
-        HF: write_engine_dir(
-            root / "hf", mode="hf", checkpoint_dir=ckpt, vocab_size=VOCAB, eos_token_id=EOS
-        ),
+    dirs = {
+        name: write_engine_dir(
+            root / name, mode="synthetic", vocab_size=VOCAB, eos_token_id=EOS, **settings
+        )
+        for name, settings in SYNTHETIC.items()
     }
+    dirs[HF] = write_engine_dir(
+        root / "hf", mode="hf", checkpoint_dir=ckpt, vocab_size=VOCAB, eos_token_id=EOS
+    )
+    return dirs
 
 
 @pytest.fixture(scope="module")
@@ -151,19 +140,26 @@ def make_inputs(prompt: list[int], output_len: int, **extra) -> list[InferInput]
     return inputs
 
 
-async def stream(client, model: str, prompt, output_len, request_id: str = "", **extra):
-    """Run one request on a gRPC stream; returns [(output_ids, result, is_final)] or raises."""
+def open_stream(client, model: str, inputs: list[InferInput], request_id: str = "", **options):
+    """A gRPC stream carrying one request (`options`: more request fields), left to the caller
+    to read and to cancel."""
 
     async def requests():
-        yield {
-            "model_name": model,
-            "inputs": make_inputs(prompt, output_len, **extra),
-            "request_id": request_id,
-            "enable_empty_final_response": True,
-        }
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id, **options}
 
+    return client.stream_infer(requests())
+
+
+async def stream(client, model: str, prompt, output_len, request_id: str = "", **extra):
+    """Run one request on a gRPC stream; returns [(output_ids, result, is_final)] or raises."""
     responses = []
-    iterator = client.stream_infer(requests())
+    iterator = open_stream(
+        client,
+        model,
+        make_inputs(prompt, output_len, **extra),
+        request_id,
+        enable_empty_final_response=True,
+    )
     try:
         async for result, error in iterator:
             if error is not None:
@@ -189,6 +185,13 @@ def metric(triton, name: str, model: str) -> float:
     return float(match.group(1))
 
 
+async def cancelled_so_far(triton, model: str) -> float:
+    """The model's cancelled-requests counter once earlier tests' counts have reached the
+    endpoint (published every 0.1 s)."""
+    await asyncio.sleep(0.3)
+    return metric(triton, "trtllm_cpu_engine_cancelled_requests_total", model)
+
+
 async def wait_metric(triton, name: str, model: str, predicate, timeout: float = 5.0) -> float:
     deadline = time.monotonic() + timeout
     while True:
@@ -196,6 +199,19 @@ async def wait_metric(triton, name: str, model: str, predicate, timeout: float =
         if predicate(value) or time.monotonic() > deadline:
             return value
         await asyncio.sleep(0.05)
+
+
+async def assert_cancelled(triton, model: str, cancelled_before: float, count: int) -> None:
+    """`count` more sequences of `model` were cancelled, and none is left generating."""
+    cancelled = await wait_metric(
+        triton,
+        "trtllm_cpu_engine_cancelled_requests_total",
+        model,
+        lambda v: v >= cancelled_before + count,
+    )
+    assert cancelled == cancelled_before + count
+    active = await wait_metric(triton, "trtllm_cpu_engine_active_requests", model, lambda v: v == 0)
+    assert active == 0
 
 
 PROMPT = [5, 6, 7, 8]
@@ -274,17 +290,8 @@ async def test_64_concurrent_streams_get_exact_counts(client, triton):
 
 
 async def test_cancelled_stream_frees_its_slot(client, triton):
-    await asyncio.sleep(0.3)
-    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", SLOW)
-
-    async def requests():
-        yield {
-            "model_name": SLOW,
-            "inputs": make_inputs(PROMPT, 1000, streaming=True),
-            "request_id": "long",
-        }
-
-    iterator = client.stream_infer(requests())
+    cancelled_before = await cancelled_so_far(triton, SLOW)
+    iterator = open_stream(client, SLOW, make_inputs(PROMPT, 1000, streaming=True), "long")
     received = 0
     async for _result, error in iterator:
         assert error is None
@@ -296,18 +303,9 @@ async def test_cancelled_stream_frees_its_slot(client, triton):
     queued = await wait_metric(triton, "trtllm_cpu_engine_queued_requests", SLOW, lambda v: v == 1)
     assert queued == 1
     iterator.cancel()
-    cancelled = await wait_metric(
-        triton,
-        "trtllm_cpu_engine_cancelled_requests_total",
-        SLOW,
-        lambda v: v >= cancelled_before + 1,
-    )
-    assert cancelled == cancelled_before + 1
     responses = await asyncio.wait_for(waiting, 10)
     assert len(tokens_of(responses)) == 3
-    assert (
-        await wait_metric(triton, "trtllm_cpu_engine_active_requests", SLOW, lambda v: v == 0) == 0
-    )
+    await assert_cancelled(triton, SLOW, cancelled_before, 1)
 
 
 async def test_stop_input_cancels_request_with_same_id(client, triton):
@@ -404,17 +402,10 @@ def batch_inputs(prompts: list[list[int]], output_lens: list[int], **flags: bool
 
 async def test_batched_request_streams_rows_with_batch_index(client):
     prompts, lens = [[5, 6, 7], [9, 10]], [4, 2]
-
-    async def requests():
-        yield {
-            "model_name": FAST,
-            "inputs": batch_inputs(prompts, lens, streaming=True),
-            "enable_empty_final_response": True,
-        }
-
+    inputs = batch_inputs(prompts, lens, streaming=True)
     per_row: dict[int, list[int]] = {0: [], 1: []}
     finals = 0
-    iterator = client.stream_infer(requests())
+    iterator = open_stream(client, FAST, inputs, enable_empty_final_response=True)
     try:
         async for result, error in iterator:
             assert error is None
@@ -512,13 +503,9 @@ async def test_return_sequences_rows_times_n(client):
     inputs = batch_inputs(prompts, lens, streaming=True)
     count = InferInput("num_return_sequences", [2, 1], "INT32")
     count.set_data_from_numpy(np.array([[2], [2]], dtype=np.int32))
-
-    async def requests():
-        yield {"model_name": FAST, "inputs": [*inputs, count], "enable_empty_final_response": True}
-
     got: dict[tuple[int, int], list[int]] = {}
     finals = []
-    iterator = client.stream_infer(requests())
+    iterator = open_stream(client, FAST, [*inputs, count], enable_empty_final_response=True)
     try:
         async for result, error in iterator:
             assert error is None
@@ -564,22 +551,8 @@ async def test_return_sequences_errors(client):
     assert sorted(by_sequence(responses)) == [0, 1, 2, 3]
 
 
-async def assert_cancelled(triton, model: str, cancelled_before: float, count: int) -> None:
-    """`count` more sequences of `model` were cancelled, and none is left generating."""
-    cancelled = await wait_metric(
-        triton,
-        "trtllm_cpu_engine_cancelled_requests_total",
-        model,
-        lambda v: v >= cancelled_before + count,
-    )
-    assert cancelled == cancelled_before + count
-    active = await wait_metric(triton, "trtllm_cpu_engine_active_requests", model, lambda v: v == 0)
-    assert active == 0
-
-
 async def test_return_sequences_stop_cancels_all(client, triton):
-    await asyncio.sleep(0.3)
-    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", MULTI)
+    cancelled_before = await cancelled_so_far(triton, MULTI)
     long_task = asyncio.create_task(
         stream(
             client,
@@ -602,17 +575,9 @@ async def test_return_sequences_stop_cancels_all(client, triton):
 
 
 async def test_return_sequences_client_cancel_drops_all(client, triton):
-    await asyncio.sleep(0.3)
-    cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", MULTI)
-
-    async def requests():
-        yield {
-            "model_name": MULTI,
-            "inputs": make_inputs(PROMPT, 1000, streaming=True, num_return_sequences=3),
-            "request_id": "gone-multi",
-        }
-
-    iterator = client.stream_infer(requests())
+    cancelled_before = await cancelled_so_far(triton, MULTI)
+    inputs = make_inputs(PROMPT, 1000, streaming=True, num_return_sequences=3)
+    iterator = open_stream(client, MULTI, inputs, "gone-multi")
     seen: set[int] = set()
     async for result, error in iterator:
         assert error is None

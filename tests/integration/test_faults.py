@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import serves_requests
+from tests.integration.conftest import counter_change, engine_counters, serves_requests
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -37,17 +37,6 @@ LONG = {"prompt": PROMPT, "max_tokens": 600, "ignore_eos": True}  # 30 s at 50 m
 def tritonserver_of(server: BentoServer) -> psutil.Process:
     (main,) = [p for p in server.tritons() if "tritonserver" in p.cmdline()[0]]
     return main
-
-
-def engine_metrics(port: int) -> dict[str, float]:
-    """The CPU engine's counters from Triton's metrics endpoint (label-free sums)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("trtllm_cpu_engine_"):
-            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
-            values[name] = values.get(name, 0.0) + value
-    return values
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
@@ -130,7 +119,7 @@ def test_client_disconnect_stops_the_engine(slow_metrics_server) -> None:
         ("/generate", LONG),
         ("/v1/completions", {"model": "trtllm-slow", "stream": True, **LONG}),
     ):
-        before = engine_metrics(metrics_port)
+        before = engine_counters(metrics_port)
         with httpx.stream("POST", server.url + path, json=body, timeout=30) as response:
             assert response.status_code == 200
             received = 0
@@ -141,17 +130,17 @@ def test_client_disconnect_stops_the_engine(slow_metrics_server) -> None:
 
         # closing the response drops the connection: the engine must stop generating for it
         def cancelled(before: dict[str, float] = before) -> bool:
-            now = engine_metrics(metrics_port)
+            now = engine_counters(metrics_port)
             return (
                 now["trtllm_cpu_engine_cancelled_requests_total"]
                 > before["trtllm_cpu_engine_cancelled_requests_total"]
                 and now["trtllm_cpu_engine_active_requests"] == 0
             )
 
-        assert wait_for(cancelled, 5.0), (path, engine_metrics(metrics_port))
-        settled = engine_metrics(metrics_port)["trtllm_cpu_engine_generated_tokens_total"]
+        assert wait_for(cancelled, 5.0), (path, engine_counters(metrics_port))
+        settled = engine_counters(metrics_port)["trtllm_cpu_engine_generated_tokens_total"]
         time.sleep(0.5)  # 10 steps at 50 ms: nothing more may be generated for it
-        after = engine_metrics(metrics_port)
+        after = engine_counters(metrics_port)
         assert after["trtllm_cpu_engine_generated_tokens_total"] == settled
         generated = settled - before["trtllm_cpu_engine_generated_tokens_total"]
         assert generated < 60, f"{path}: {generated} tokens generated for a dropped stream"
@@ -165,24 +154,18 @@ def test_stop_string_lets_the_engine_end_the_request(slow_metrics_server) -> Non
     body = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True}
     full = httpx.post(f"{server.url}/generate_text", json=body, timeout=60).json()["text"]
     stop = full.split()[len(full.split()) // 2]
-    before = engine_metrics(metrics_port)
+    before = engine_counters(metrics_port)
     cut = httpx.post(f"{server.url}/generate_text", json={**body, "stop": [stop]}, timeout=60)
     assert cut.status_code == 200, cut.text
     assert cut.json()["finish_reason"] == "stop" and full.startswith(cut.json()["text"])
 
     def settled() -> bool:
-        return engine_metrics(metrics_port)["trtllm_cpu_engine_active_requests"] == 0
+        return engine_counters(metrics_port)["trtllm_cpu_engine_active_requests"] == 0
 
     assert wait_for(settled, 5.0)
-    after = engine_metrics(metrics_port)
-    assert (
-        after["trtllm_cpu_engine_cancelled_requests_total"]
-        == before["trtllm_cpu_engine_cancelled_requests_total"]
-    )
-    generated = (
-        after["trtllm_cpu_engine_generated_tokens_total"]
-        - before["trtllm_cpu_engine_generated_tokens_total"]
-    )
+    change = counter_change(before, engine_counters(metrics_port))
+    assert change["trtllm_cpu_engine_cancelled_requests_total"] == 0
+    generated = change["trtllm_cpu_engine_generated_tokens_total"]
     assert generated < body["max_tokens"], "the engine ran on past the stop string"
 
 

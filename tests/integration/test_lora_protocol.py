@@ -27,7 +27,7 @@ from tensorrtllm_backend.triton.client import TritonLLMClient
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
 from tests.integration.test_server import PRELUDE, kill_all, process_tree
-from tests.unit.test_lora import write_adapter
+from tests.lora_helpers import write_adapter
 
 pytestmark = pytest.mark.integration
 

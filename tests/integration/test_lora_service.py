@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import BentoServer, pack
-from tests.unit.test_lora import write_adapter
+from tests.lora_helpers import write_adapter
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from tests.integration.conftest import openai_client
+
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
 
@@ -31,17 +33,12 @@ NO_EOS = {"ignore_eos": True}  # the random demo model may emit its end token at
 
 @pytest.fixture(scope="module")
 def client(demo_server: BentoServer) -> openai.OpenAI:
-    # max_retries=0: a retried 5xx would hide exactly the failures these tests look for.
-    return openai.OpenAI(
-        base_url=f"{demo_server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
-    )
+    return openai_client(demo_server, TIMEOUT)
 
 
 @pytest.fixture
 def async_client(demo_server: BentoServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=f"{demo_server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
-    )
+    return openai_client(demo_server, TIMEOUT, asynchronous=True)
 
 
 @pytest.fixture(scope="module")

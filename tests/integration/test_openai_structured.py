@@ -15,7 +15,7 @@ import bentoml
 import jsonschema
 import openai
 import pytest
-from conftest import pack  # tests/integration/conftest.py
+from conftest import openai_client, pack  # tests/integration/conftest.py
 from transformers import AutoTokenizer
 
 if TYPE_CHECKING:
@@ -27,79 +27,52 @@ TIMEOUT = 120.0
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 MAX_TOKENS = 200  # room for every bounded schema below: a cut answer fails the test
 
+
+def closed_object(**properties: dict[str, Any]) -> dict[str, Any]:
+    """An object schema that needs every property and allows no other (strict mode's shape)."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def enum(*values: str) -> dict[str, Any]:
+    return {"type": "string", "enum": list(values)}
+
+
 # Bounded schemas (enums, booleans, small integers, arrays with maxItems): the demo model's random
 # weights write any string for ever, so only bounded values end within the token budget.
-PALETTE = {
-    "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "color": {"type": "string", "enum": ["red", "green", "blue"]},
-    },
-    "required": ["ok", "color"],
-    "additionalProperties": False,
-}
-NESTED = {
-    "type": "object",
-    "properties": {
-        "user": {
-            "type": "object",
-            "properties": {
-                "admin": {"type": "boolean"},
-                "role": {"type": "string", "enum": ["reader", "writer"]},
-            },
-            "required": ["admin", "role"],
-            "additionalProperties": False,
-        },
-        "active": {"type": "boolean"},
-    },
-    "required": ["user", "active"],
-    "additionalProperties": False,
-}
-TAGS = {
-    "type": "object",
-    "properties": {
-        "tags": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["a", "b", "c"]},
-            "maxItems": 3,
-        },
-        "level": {"type": "integer", "minimum": 0, "maximum": 9},
-    },
-    "required": ["tags", "level"],
-    "additionalProperties": False,
-}
+BOOLEAN = {"type": "boolean"}
+PALETTE = closed_object(ok=BOOLEAN, color=enum("red", "green", "blue"))
+NESTED = closed_object(
+    user=closed_object(admin=BOOLEAN, role=enum("reader", "writer")), active=BOOLEAN
+)
+TAGS = closed_object(
+    tags={"type": "array", "items": enum("a", "b", "c"), "maxItems": 3},
+    level={"type": "integer", "minimum": 0, "maximum": 9},
+)
 SCHEMAS = {"palette": PALETTE, "nested": NESTED, "tags": TAGS}
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
-                "celsius": {"type": "boolean"},
-            },
-            "required": ["city", "celsius"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The local time of a time zone",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
+
+def function_tool(
+    name: str, description: str, parameters: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """A chat-completions tool; `extra`: more fields of its function (`strict`)."""
+    function = {"name": name, "description": description, "parameters": parameters, **extra}
+    return {"type": "function", "function": function}
+
+
+WEATHER = function_tool(
+    "get_weather",
+    "The current weather of a city",
+    closed_object(city=enum("Paris", "Oslo", "Lima"), celsius=BOOLEAN),
+    strict=True,
+)
+CLOCK = function_tool(
+    "get_time", "The local time of a time zone", closed_object(zone=enum("UTC", "CET"))
+)
 TOOLS = [WEATHER, CLOCK]
 PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 
@@ -120,9 +93,7 @@ def server(tools_model: str, module_bento_launcher) -> BentoServer:
 
 @pytest.fixture(scope="module")
 def client(server: BentoServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
-    )
+    return openai_client(server, TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +155,7 @@ def test_completions_take_a_response_format(client: openai.OpenAI, model: str) -
 
 async def test_concurrent_requests_with_different_schemas(server: BentoServer, model) -> None:
     """16 requests at once, each with its own schema (the enum differs), in one engine batch."""
-    client = openai.AsyncOpenAI(
-        base_url=f"{server.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
-    )
+    client = openai_client(server, TIMEOUT, asynchronous=True)
     schemas = []
     for number in range(16):
         schema = json.loads(json.dumps(PALETTE))

@@ -25,10 +25,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tritonclient.grpc.aio as grpcclient
 
-from tensorrtllm_backend.build.demo import build_demo_checkpoint
 from tensorrtllm_backend.build.repository import fill_repository
 from tensorrtllm_backend.common.cpu_engine_config import write_engine_dir
-from tensorrtllm_backend.common.tokenization import decode, load_tokenizer
+from tensorrtllm_backend.common.tokenization import decode
 from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
@@ -63,16 +62,6 @@ class Server:
         return sum(values)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "checkpoint")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(checkpoint: Path):
-    return load_tokenizer(checkpoint)
-
-
 def _add_accumulating_bls(repo: Path) -> None:
     """A second BLS model with accumulate_tokens=true next to the default one."""
     src = repo / BLS
@@ -89,7 +78,13 @@ def _add_accumulating_bls(repo: Path) -> None:
     (dst / "config.pbtxt").write_text(config)
 
 
-def _start(root: Path, engine_dir: Path) -> Iterator[Server]:
+def _start(root: Path, checkpoint: Path, vocab_size: int, **engine: object) -> Iterator[Server]:
+    """The filled templates over a CPU engine written with `engine` (its mode and settings),
+    in a model root of their own that links the checkpoint in."""
+    (root / "checkpoint").symlink_to(checkpoint)
+    engine_dir = write_engine_dir(
+        root / "engine", vocab_size=vocab_size, eos_token_id=EOS_ID, **engine
+    )
     # tokenizer_dir stays relative (as in the model store): the models resolve it against the
     # model root, the parent of the repository directory.
     repo = fill_repository(
@@ -116,31 +111,19 @@ def _start(root: Path, engine_dir: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def synthetic_server(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, tokenizer):
+def synthetic_server(
+    tmp_path_factory: pytest.TempPathFactory, demo_checkpoint: Path, demo_tokenizer
+):
     root = tmp_path_factory.mktemp("synthetic")
-    (root / "checkpoint").symlink_to(checkpoint)
-    engine = write_engine_dir(
-        root / "engine",
-        mode="synthetic",
-        vocab_size=len(tokenizer),
-        eos_token_id=EOS_ID,
-        itl_ms=2.0,
-    )
-    yield from _start(root, engine)
+    yield from _start(root, demo_checkpoint, len(demo_tokenizer), mode="synthetic", itl_ms=2.0)
 
 
 @pytest.fixture(scope="module")
-def hf_server(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, tokenizer):
+def hf_server(tmp_path_factory: pytest.TempPathFactory, demo_checkpoint: Path, demo_tokenizer):
     root = tmp_path_factory.mktemp("hf")
-    (root / "checkpoint").symlink_to(checkpoint)
-    engine = write_engine_dir(
-        root / "engine",
-        mode="hf",
-        checkpoint_dir=checkpoint,
-        vocab_size=len(tokenizer),
-        eos_token_id=EOS_ID,
+    yield from _start(
+        root, demo_checkpoint, len(demo_tokenizer), mode="hf", checkpoint_dir=demo_checkpoint
     )
-    yield from _start(root, engine)
 
 
 # ----- client helpers ------------------------------------------------------------------------
@@ -232,7 +215,7 @@ def expected_text(
 
 @pytest.mark.parametrize("model", [ENSEMBLE, BLS])
 async def test_streaming_concatenation_equals_non_streaming(
-    synthetic_server: Server, tokenizer, model: str
+    synthetic_server: Server, demo_tokenizer, model: str
 ) -> None:
     url = synthetic_server.url
     stateless_breaks = 0
@@ -240,20 +223,20 @@ async def test_streaming_concatenation_equals_non_streaming(
         whole = await generate(url, model, prompt, 48, stream=False)
         streamed = await generate(url, model, prompt, 48, stream=True)
         assert whole.error is None and streamed.error is None, (whole.error, streamed.error)
-        assert whole.text == expected_text(tokenizer, prompt, 48)
+        assert whole.text == expected_text(demo_tokenizer, prompt, 48)
         assert streamed.text == whole.text
         assert all("\ufffd" not in chunk or "\ufffd" in whole.text for chunk in streamed.chunks)
         ids = predict_tokens(
-            tokenizer.encode(prompt), 48, vocab_size=len(tokenizer), eos_token_id=2
+            demo_tokenizer.encode(prompt), 48, vocab_size=len(demo_tokenizer), eos_token_id=2
         )
-        stateless = "".join(decode(tokenizer, [i]) for i in ids)
-        stateless_breaks += stateless != decode(tokenizer, ids)
+        stateless = "".join(decode(demo_tokenizer, [i]) for i in ids)
+        stateless_breaks += stateless != decode(demo_tokenizer, ids)
     # The check means something: per-token decoding would have garbled some of these outputs.
     assert stateless_breaks > 0
 
 
 async def test_ensemble_multibyte_prompt_echo_streams_intact(
-    synthetic_server: Server, tokenizer
+    synthetic_server: Server, demo_tokenizer
 ) -> None:
     """exclude_input_in_output=false: the non-streamed text starts with the multi-byte prompt."""
     prompt = "Şehrin eski sokaklarında 日本語 🙂"
@@ -264,19 +247,19 @@ async def test_ensemble_multibyte_prompt_echo_streams_intact(
         without = await generate(
             synthetic_server.url, model, prompt, 8, stream=False, exclude_input_in_output=True
         )
-        assert with_prompt.text == expected_text(tokenizer, prompt, 8, with_prompt=True)
+        assert with_prompt.text == expected_text(demo_tokenizer, prompt, 8, with_prompt=True)
         assert with_prompt.text.startswith(prompt)
-        assert without.text == expected_text(tokenizer, prompt, 8)
+        assert without.text == expected_text(demo_tokenizer, prompt, 8)
         assert not without.text.startswith(prompt)
 
 
 @pytest.mark.parametrize("model", [ENSEMBLE, BLS])
-async def test_max_tokens_exact(synthetic_server: Server, tokenizer, model: str) -> None:
+async def test_max_tokens_exact(synthetic_server: Server, demo_tokenizer, model: str) -> None:
     prompt = PROMPTS[0]
     for max_tokens in (1, 5, 17):
         streamed = await generate(synthetic_server.url, model, prompt, max_tokens, stream=True)
         assert streamed.error is None
-        assert streamed.text == expected_text(tokenizer, prompt, max_tokens)
+        assert streamed.text == expected_text(demo_tokenizer, prompt, max_tokens)
         if model == ENSEMBLE:  # one response per generated token (the empty final has no text)
             assert len(streamed.chunks) == max_tokens
 
@@ -300,10 +283,12 @@ def _stop_word(tokenizer, prompt: str, max_tokens: int) -> tuple[str, int]:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_stop_word_ends_generation(synthetic_server: Server, tokenizer, stream: bool) -> None:
+async def test_stop_word_ends_generation(
+    synthetic_server: Server, demo_tokenizer, stream: bool
+) -> None:
     prompt, max_tokens = PROMPTS[1], 64
-    word, position = _stop_word(tokenizer, prompt, max_tokens)
-    full = expected_text(tokenizer, prompt, max_tokens)
+    word, position = _stop_word(demo_tokenizer, prompt, max_tokens)
+    full = expected_text(demo_tokenizer, prompt, max_tokens)
     # BLS: cut on the text, the stop string itself is not returned.
     bls = await generate(
         synthetic_server.url, BLS, prompt, max_tokens, stream=stream, stop_words=[word]
@@ -316,7 +301,7 @@ async def test_stop_word_ends_generation(synthetic_server: Server, tokenizer, st
         synthetic_server.url, ENSEMBLE, prompt, max_tokens, stream=stream, stop_words=[word]
     )
     assert ens.error is None
-    assert ens.text == expected_text(tokenizer, prompt, position + 1)
+    assert ens.text == expected_text(demo_tokenizer, prompt, position + 1)
     assert ens.text.endswith(word)
 
 
@@ -341,17 +326,19 @@ async def _wait_for(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
-async def test_bls_stop_string_cancels_engine_request(synthetic_server: Server, tokenizer) -> None:
+async def test_bls_stop_string_cancels_engine_request(
+    synthetic_server: Server, demo_tokenizer
+) -> None:
     """A text-level stop ends the inner request at once (stop=true), not after max_tokens."""
     prompt, max_tokens = PROMPTS[1], 64
-    word, _ = _stop_word(tokenizer, prompt, max_tokens)
+    word, _ = _stop_word(demo_tokenizer, prompt, max_tokens)
     before = synthetic_server.metric("trtllm_cpu_engine_cancelled_requests_total")
     long_max = 1000
-    full = expected_text(tokenizer, prompt, max_tokens)
+    full = expected_text(demo_tokenizer, prompt, max_tokens)
     ids = predict_tokens(
-        tokenizer.encode(prompt), max_tokens, vocab_size=len(tokenizer), eos_token_id=2
+        demo_tokenizer.encode(prompt), max_tokens, vocab_size=len(demo_tokenizer), eos_token_id=2
     )
-    stop_text = _text_only_stop(tokenizer, full, ids)
+    stop_text = _text_only_stop(demo_tokenizer, full, ids)
     result = await generate(
         synthetic_server.url, BLS, prompt, long_max, stream=True, stop_words=[stop_text]
     )
@@ -384,10 +371,10 @@ async def test_bls_client_cancellation_cancels_engine_request(synthetic_server: 
     )
 
 
-async def test_bls_accumulate_tokens(synthetic_server: Server, tokenizer) -> None:
+async def test_bls_accumulate_tokens(synthetic_server: Server, demo_tokenizer) -> None:
     """accumulate_tokens=true: every streamed response carries the whole text so far."""
     prompt = PROMPTS[2]
-    expected = expected_text(tokenizer, prompt, 24)
+    expected = expected_text(demo_tokenizer, prompt, 24)
     streamed = await generate(synthetic_server.url, BLS_ACCUMULATE, prompt, 24, stream=True)
     assert streamed.error is None
     assert len(streamed.chunks) > 3
@@ -455,7 +442,7 @@ async def generate_sequences(
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_bls_return_sequences(synthetic_server: Server, tokenizer, stream: bool) -> None:
+async def test_bls_return_sequences(synthetic_server: Server, demo_tokenizer, stream: bool) -> None:
     """The BLS demultiplexes the engine's interleaved sequences by sequence_index: each one's
     text is whole (sequence i is the synthetic engine's output for seed i)."""
     prompt = PROMPTS[1]
@@ -463,11 +450,11 @@ async def test_bls_return_sequences(synthetic_server: Server, tokenizer, stream:
         synthetic_server.url, BLS, prompt, 24, 2, stream=stream, request_id=uuid.uuid4().hex
     )
     assert result.error is None, result.error
-    assert result.texts == {i: expected_text(tokenizer, prompt, 24, seed=i) for i in range(2)}
+    assert result.texts == {i: expected_text(demo_tokenizer, prompt, 24, seed=i) for i in range(2)}
     assert result.texts[0] != result.texts[1]
 
 
-async def test_ensemble_passes_return_sequences(synthetic_server: Server, tokenizer) -> None:
+async def test_ensemble_passes_return_sequences(synthetic_server: Server, demo_tokenizer) -> None:
     """The ensemble forwards num_return_sequences and returns sequence_index. Not streamed and
     without a request id: postprocessing keeps detokenizer state per (request id, row), not per
     sequence, so only whole sequences decoded statelessly come out exact."""
@@ -477,13 +464,13 @@ async def test_ensemble_passes_return_sequences(synthetic_server: Server, tokeni
     )
     assert result.error is None, result.error
     assert result.responses == 3  # one whole response per sequence
-    assert result.texts == {i: expected_text(tokenizer, prompt, 16, seed=i) for i in range(3)}
+    assert result.texts == {i: expected_text(demo_tokenizer, prompt, 16, seed=i) for i in range(3)}
 
 
 # ----- the python models called directly -------------------------------------------------------
 
 
-async def test_preprocessing_outputs(synthetic_server: Server, tokenizer) -> None:
+async def test_preprocessing_outputs(synthetic_server: Server, demo_tokenizer) -> None:
     def tensor(name, value, dtype):
         item = grpcclient.InferInput(name, list(value.shape), dtype)
         item.set_data_from_numpy(value)
@@ -499,34 +486,34 @@ async def test_preprocessing_outputs(synthetic_server: Server, tokenizer) -> Non
     ]
     async with grpcclient.InferenceServerClient(synthetic_server.url) as client:
         result = await client.infer("preprocessing", inputs)
-    ids = [tokenizer.encode(p) for p in prompts]
+    ids = [demo_tokenizer.encode(p) for p in prompts]
     width = max(map(len, ids))
     input_id = result.as_numpy("INPUT_ID")
     assert input_id.shape == (2, width)
-    assert input_id[0].tolist() == ids[0] + [tokenizer.pad_token_id] * (width - len(ids[0]))
+    assert input_id[0].tolist() == ids[0] + [demo_tokenizer.pad_token_id] * (width - len(ids[0]))
     assert result.as_numpy("REQUEST_INPUT_LEN").tolist() == [[len(ids[0])], [len(ids[1])]]
     assert result.as_numpy("REQUEST_OUTPUT_LEN").tolist() == [[7], [9]]
-    keeper = tokenizer.encode("keeper", add_special_tokens=False)
+    keeper = demo_tokenizer.encode("keeper", add_special_tokens=False)
     stop = result.as_numpy("STOP_WORDS_IDS")
     assert stop.shape == (2, 2, len(keeper))
     assert stop[0, 0].tolist() == keeper and stop[0, 1, 0] == len(keeper)
     assert stop[1, 1].tolist() == [-1] * len(keeper)
     assert result.as_numpy("BAD_WORDS_IDS").shape == (2, 2, 0)
     bias = result.as_numpy("EMBEDDING_BIAS")
-    assert bias.shape == (2, len(tokenizer))
+    assert bias.shape == (2, len(demo_tokenizer))
     assert all(bias[0, t] == 1.5 for t in keeper)
     assert result.as_numpy("OUT_END_ID").tolist() == [[EOS_ID], [EOS_ID]]
-    assert result.as_numpy("OUT_PAD_ID").tolist() == [[tokenizer.pad_token_id]] * 2
+    assert result.as_numpy("OUT_PAD_ID").tolist() == [[demo_tokenizer.pad_token_id]] * 2
     assert result.as_numpy("DECODER_INPUT_ID") is None
 
 
 async def test_postprocessing_keeps_state_per_request_id(
-    synthetic_server: Server, tokenizer
+    synthetic_server: Server, demo_tokenizer
 ) -> None:
     """One call per token with the same request id: multi-byte characters survive the borders."""
     text = "Grüße 日本語 🙂 café"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    assert any("\ufffd" in decode(tokenizer, [i]) for i in ids)  # split characters in there
+    ids = demo_tokenizer.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in decode(demo_tokenizer, [i]) for i in ids)  # split characters in there
 
     async def call(client, chunk: list[int], request_id: str) -> str:
         tokens = grpcclient.InferInput("TOKENS_BATCH", [1, 1, len(chunk)], "INT32")

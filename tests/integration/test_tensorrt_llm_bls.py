@@ -15,10 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tensorrtllm_backend.build.demo import build_demo_checkpoint
 from tensorrtllm_backend.build.repository import fill_repository
 from tensorrtllm_backend.common.cpu_engine_config import write_engine_dir
-from tensorrtllm_backend.common.tokenization import decode, load_tokenizer
+from tensorrtllm_backend.common.tokenization import decode
 from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
@@ -29,27 +28,17 @@ EOS_ID = 2
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_checkpoint(tmp_path_factory.mktemp("unary") / "checkpoint")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path):
-    return load_tokenizer(tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def grpc_url(tokenizer_dir: Path, tokenizer):
-    root = tokenizer_dir.parent
+def grpc_url(tmp_path_factory: pytest.TempPathFactory, demo_checkpoint: Path, demo_tokenizer):
+    root = tmp_path_factory.mktemp("unary")
     engine = write_engine_dir(
-        root / "engine", mode="synthetic", vocab_size=len(tokenizer), eos_token_id=EOS_ID
+        root / "engine", mode="synthetic", vocab_size=len(demo_tokenizer), eos_token_id=EOS_ID
     )
     repo = fill_repository(
         root / "repo",
         {
             "triton_backend": "python",
             "engine_dir": str(engine),
-            "tokenizer_dir": str(tokenizer_dir),
+            "tokenizer_dir": str(demo_checkpoint),
             "decoupled_mode": "false",
             "accumulate_tokens": "true",  # meaningless without streaming: must not matter
         },
@@ -93,15 +82,15 @@ async def _text(url: str, model: str, prompt: str, max_tokens: int, **extra) -> 
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-async def test_unary_text_matches_engine_tokens(grpc_url: str, tokenizer, model: str) -> None:
+async def test_unary_text_matches_engine_tokens(grpc_url: str, demo_tokenizer, model: str) -> None:
     prompt = "Die Stadt erwachte langsam. Äpfel, Käse"
     ids = predict_tokens(
-        tokenizer.encode(prompt), 20, vocab_size=len(tokenizer), eos_token_id=EOS_ID
+        demo_tokenizer.encode(prompt), 20, vocab_size=len(demo_tokenizer), eos_token_id=EOS_ID
     )
-    assert await _text(grpc_url, model, prompt, 20) == decode(tokenizer, ids).rstrip("\ufffd")
+    assert await _text(grpc_url, model, prompt, 20) == decode(demo_tokenizer, ids).rstrip("\ufffd")
 
 
-async def test_unary_bls_stop_string(grpc_url: str, tokenizer) -> None:
+async def test_unary_bls_stop_string(grpc_url: str, demo_tokenizer) -> None:
     prompt = "Die Stadt erwachte langsam."
     full = await _text(grpc_url, "tensorrt_llm_bls", prompt, 40)
     stop = full[len(full) // 2 : len(full) // 2 + 2]

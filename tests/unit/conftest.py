@@ -1,28 +1,24 @@
-"""Fixtures shared by the CPU engine's unit tests."""
+"""Fixtures every unit-test folder may use."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
-from cpu_engine_helpers import EOS, VOCAB
-
-from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
-from tensorrtllm_backend.python_models.cpu_engine.synthetic import SyntheticBackend
 
 
-@pytest.fixture
-def make_scheduler() -> Iterator[Callable[..., Scheduler]]:
-    """Started schedulers over the synthetic backend (VOCAB, EOS), stopped after the test."""
-    started: list[Scheduler] = []
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo Hugging Face checkpoint (tokenizer + tiny Llama), built once and read-only: it
+    doubles as a tokenizer dir. Tests that need a variant copy it."""
+    from tensorrtllm_backend.build.demo import build_demo_checkpoint
 
-    def factory(max_batch_size: int = 64, **backend_kwargs) -> Scheduler:
-        backend = SyntheticBackend(vocab_size=VOCAB, eos_token_id=EOS, **backend_kwargs)
-        scheduler = Scheduler(backend, max_batch_size)
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
+    return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "checkpoint")
 
-    yield factory
-    for scheduler in started:
-        scheduler.stop()
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(demo_checkpoint: Path):
+    """The demo checkpoint's tokenizer, loaded as every process of the service loads it."""
+    from tensorrtllm_backend.common.tokenization import load_tokenizer
+
+    return load_tokenizer(demo_checkpoint)

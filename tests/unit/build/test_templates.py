@@ -24,7 +24,7 @@ from tensorrtllm_backend.build.repository import (
 )
 from tensorrtllm_backend.common.model_repository import parse_config
 
-CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_c2e65b8.json").read_text())
+CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_c2e65b8.json").read_text())
 # Distinct values for the typed placeholders prove those tensors really are placeholder-typed.
 SENTINELS = {"logits_datatype": "TYPE_BF16", "encoder_input_features_data_type": "TYPE_FP64"}
 

@@ -20,7 +20,7 @@ from tensorrtllm_backend.build.llmapi_repository import (
 from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
 from tensorrtllm_backend.triton.localize import localize_model_yaml
 
-CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_llmapi.json").read_text())
+CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_llmapi.json").read_text())
 CONFIG = TEMPLATES_DIR / MODEL_NAME / "config.pbtxt"
 TEMPLATE_YAML = TEMPLATES_DIR / MODEL_NAME / "1" / "model.yaml"
 

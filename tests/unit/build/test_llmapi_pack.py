@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import yaml
 from safetensors.numpy import save_file
-from test_pack_model import demo_checkpoint, name, run_pack, unchanged_store  # noqa: F401
+from test_pack_model import name, run_pack, unchanged_store  # noqa: F401
 from transformers import LlamaConfig, Qwen2Config
 
+from tensorrtllm_backend.build.llmapi_repository import build_model_yaml
 from tensorrtllm_backend.triton.localize import localize_repository
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -71,17 +72,16 @@ def test_pack_stores_checkpoint_tokenizer_and_model_yaml(checkpoint, name, capsy
         settings = yaml.safe_load(
             (root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml").read_text()
         )
-        assert settings == {
-            "model": "checkpoint",
-            "backend": "pytorch",
-            "tensor_parallel_size": 2,
-            "pipeline_parallel_size": 2,
-            "triton_config": {"max_batch_size": 0, "decoupled": True},
+        # The --llm-arg values arrive YAML-typed and nested; the rest is build_model_yaml's own.
+        llm_args = {
             "kv_cache_config": {"free_gpu_memory_fraction": 0.8},
             "enable_chunked_prefill": True,
             "cuda_graph_config": {"max_batch_size": 16},
             "max_batch_size": 16,
         }
+        assert settings == build_model_yaml(
+            model="checkpoint", tp_size=2, pp_size=2, llm_args=llm_args
+        )
         stored = sorted(p.name for p in (root / "checkpoint").iterdir())
         assert stored == ["config.json", "model.safetensors", *TOKENIZER_FILES]
         for rel in (

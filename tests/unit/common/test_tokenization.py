@@ -13,6 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tiny_tokenizers import byte_level_bpe
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -36,18 +37,7 @@ SPECIALS = ["<unk>", "<s>", "</s>"]
 
 
 def _byte_level_bpe() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
+    return byte_level_bpe(CORPUS, 400, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
 def _sentencepiece_style() -> PreTrainedTokenizerFast:

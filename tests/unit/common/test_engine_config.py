@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_configs import modern_config
 
 from tensorrtllm_backend.common.engine_config import (
     EngineError,
@@ -15,29 +16,6 @@ from tensorrtllm_backend.common.engine_config import (
     inspect_engine,
     runtime_version_for_image,
 )
-
-
-def modern_config(**build_overrides: Any) -> dict[str, Any]:
-    """config.json as trtllm-build >= 0.9 writes it (trimmed to what a reader may look at)."""
-    build = {
-        "max_batch_size": 64,
-        "max_input_len": 2048,
-        "max_seq_len": 4096,
-        "max_beam_width": 1,
-        "max_num_tokens": 8192,
-        "plugin_config": {"gpt_attention_plugin": "float16", "lora_plugin": None},
-    }
-    build.update(build_overrides)
-    return {
-        "version": "0.12.0",
-        "pretrained_config": {
-            "architecture": "LlamaForCausalLM",
-            "dtype": "float16",
-            "vocab_size": 128256,
-            "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1},
-        },
-        "build_config": build,
-    }
 
 
 def legacy_config() -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from cpu_engine_helpers import make_request, make_sequences
+from cpu_engine_helpers import make_request, make_sequences, run_to_end
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -26,20 +26,8 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(checkpoint):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-
-
-@pytest.fixture(scope="module")
-def backend(checkpoint):
-    return HFBackend(checkpoint, num_threads=1)
+def backend(demo_checkpoint):
+    return HFBackend(demo_checkpoint, num_threads=1)
 
 
 @pytest.fixture
@@ -48,15 +36,6 @@ def scheduler(backend):
     sched.start()
     yield sched
     sched.stop()
-
-
-def run(scheduler, requests, timeout=60.0):
-    for req, _ in requests:
-        scheduler.submit(req)
-    for _, sink in requests:
-        assert sink.done.wait(timeout)
-        assert sink.error is None, sink.error
-    return [req.generated for req, _ in requests]
 
 
 def encode(tokenizer, text):
@@ -75,27 +54,27 @@ def reference_greedy(model, prompt, n):
     return out[0, len(prompt) :].tolist()
 
 
-def test_greedy_matches_transformers_generate(scheduler, backend, tokenizer):
-    prompts = [encode(tokenizer, p) for p in PROMPTS]
+def test_greedy_matches_transformers_generate(scheduler, backend, demo_tokenizer):
+    prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
     # min_new_tokens bans eos in the reference; end_id + min_tokens do the same in the engine.
     reqs = [make_request(p, NEW_TOKENS, end_id=2, min_tokens=NEW_TOKENS) for p in prompts]
-    got = run(scheduler, reqs)  # all four decode together: batched, left-padded caches
+    got = run_to_end(scheduler, reqs)  # all four decode together: batched, left-padded caches
     for prompt, tokens in zip(prompts, got, strict=True):
         assert tokens == reference_greedy(backend.model, prompt, NEW_TOKENS)
 
 
-def test_batched_decode_equals_unbatched(scheduler, tokenizer):
-    prompts = [encode(tokenizer, p) for p in PROMPTS]
+def test_batched_decode_equals_unbatched(scheduler, demo_tokenizer):
+    prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
     alone = []
     for p in prompts:
-        alone.extend(run(scheduler, [make_request(p, NEW_TOKENS)]))
-    together = run(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
+        alone.extend(run_to_end(scheduler, [make_request(p, NEW_TOKENS)]))
+    together = run_to_end(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
     assert together == alone
 
 
-def test_staggered_joins_equal_unbatched(scheduler, tokenizer):
-    prompts = [encode(tokenizer, p) for p in PROMPTS]
-    alone = [run(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
+def test_staggered_joins_equal_unbatched(scheduler, demo_tokenizer):
+    prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
+    alone = [run_to_end(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
     reqs = [make_request(p, NEW_TOKENS, streaming=True) for p in prompts]
     for req, sink in reqs:  # each joins once the previous one produced a token
         scheduler.submit(req)
@@ -105,24 +84,24 @@ def test_staggered_joins_equal_unbatched(scheduler, tokenizer):
     assert [req.generated for req, _ in reqs] == alone
 
 
-def test_same_seed_same_sample(scheduler, tokenizer):
-    prompt = encode(tokenizer, PROMPTS[0])
+def test_same_seed_same_sample(scheduler, demo_tokenizer):
+    prompt = encode(demo_tokenizer, PROMPTS[0])
 
     def sampled(seed):
         params = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=seed)
-        return run(scheduler, [make_request(prompt, 16, sampling=params)])[0]
+        return run_to_end(scheduler, [make_request(prompt, 16, sampling=params)])[0]
 
     first = sampled(7)
     assert sampled(7) == first
     assert any(sampled(seed) != first for seed in (8, 9, 10))
-    greedy = run(scheduler, [make_request(prompt, 16)])[0]
+    greedy = run_to_end(scheduler, [make_request(prompt, 16)])[0]
     assert first != greedy
 
 
-def test_log_probs_are_real(scheduler, backend, tokenizer):
-    prompt = encode(tokenizer, PROMPTS[1])
+def test_log_probs_are_real(scheduler, backend, demo_tokenizer):
+    prompt = encode(demo_tokenizer, PROMPTS[1])
     req, sink = make_request(prompt, 4, return_log_probs=True)
-    run(scheduler, [(req, sink)])
+    run_to_end(scheduler, [(req, sink)])
     with torch.inference_mode():
         ids = torch.tensor([prompt + req.generated])
         logprobs = torch.log_softmax(backend.model(ids).logits[0], dim=-1)
@@ -132,30 +111,30 @@ def test_log_probs_are_real(scheduler, backend, tokenizer):
     assert all(lp < 0 for lp in req.logprobs)
 
 
-def test_penalties_and_bans_change_greedy_output(scheduler, tokenizer):
-    prompt = encode(tokenizer, PROMPTS[2])
-    base = run(scheduler, [make_request(prompt, 8)])[0]
-    banned = run(scheduler, [make_request(prompt, 8, bad_words=[[base[0]]])])[0]
+def test_penalties_and_bans_change_greedy_output(scheduler, demo_tokenizer):
+    prompt = encode(demo_tokenizer, PROMPTS[2])
+    base = run_to_end(scheduler, [make_request(prompt, 8)])[0]
+    banned = run_to_end(scheduler, [make_request(prompt, 8, bad_words=[[base[0]]])])[0]
     assert banned[0] != base[0]
-    end = run(scheduler, [make_request(prompt, 8, end_id=base[3])])[0]
+    end = run_to_end(scheduler, [make_request(prompt, 8, end_id=base[3])])[0]
     assert end == base[: base.index(base[3])]
-    penalized = run(
+    penalized = run_to_end(
         scheduler,
         [make_request(prompt, 8, sampling=SamplingParams(repetition_penalty=5.0))],
     )[0]
     assert len(set(penalized)) >= len(set(base))
 
 
-def test_demo_tokenizer_round_trips_multibyte(tokenizer):
+def test_demo_tokenizer_round_trips_multibyte(demo_tokenizer):
     texts = ["Héllo wörld", "你好，世界", "🚀🇫🇷👍🏽 ok", "crème brûlée ∞ ≈ €", "Привет"]
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert tokenizer.decode(ids) == text
-    ids = tokenizer("hi")["input_ids"]
-    assert ids[0] == tokenizer.bos_token_id == 1
-    assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 0
-    assert len(tokenizer) == 2048
-    chat = tokenizer.apply_chat_template(
+        ids = demo_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert demo_tokenizer.decode(ids) == text
+    ids = demo_tokenizer("hi")["input_ids"]
+    assert ids[0] == demo_tokenizer.bos_token_id == 1
+    assert demo_tokenizer.eos_token_id == 2 and demo_tokenizer.pad_token_id == 0
+    assert len(demo_tokenizer) == 2048
+    chat = demo_tokenizer.apply_chat_template(
         [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
         tokenize=False,
         add_generation_prompt=True,
@@ -163,31 +142,31 @@ def test_demo_tokenizer_round_trips_multibyte(tokenizer):
     assert chat == "<|system|>\nS</s>\n<|user|>\nU</s>\n<|assistant|>\n"
 
 
-def test_demo_checkpoint_is_deterministic(checkpoint, tmp_path):
+def test_demo_checkpoint_is_deterministic(demo_checkpoint, tmp_path):
     again = build_demo_checkpoint(tmp_path / "again")
     for name in ("tokenizer.json", "config.json", "model.safetensors"):
-        assert (again / name).read_bytes() == (checkpoint / name).read_bytes()
+        assert (again / name).read_bytes() == (demo_checkpoint / name).read_bytes()
 
 
-def test_return_sequences_sample_with_seed_plus_index(scheduler, tokenizer):
+def test_return_sequences_sample_with_seed_plus_index(scheduler, demo_tokenizer):
     """num_return_sequences: sequence i samples like a lone request with seed + i, so the N
     sequences differ from each other yet the same request gives the same N sequences again."""
-    prompt = encode(tokenizer, PROMPTS[0])
+    prompt = encode(demo_tokenizer, PROMPTS[0])
     params = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=7)
 
     def sequences():
-        return run(scheduler, make_sequences(prompt, 16, 3, sampling=params))
+        return run_to_end(scheduler, make_sequences(prompt, 16, 3, sampling=params))
 
     first = sequences()  # the three decode together in one batch
     assert sequences() == first
     assert len({tuple(tokens) for tokens in first}) == 3
     for i, tokens in enumerate(first):
         alone = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=7 + i)
-        assert run(scheduler, [make_request(prompt, 16, sampling=alone)])[0] == tokens
+        assert run_to_end(scheduler, [make_request(prompt, 16, sampling=alone)])[0] == tokens
 
 
-def test_return_sequences_greedy_are_identical(scheduler, tokenizer):
+def test_return_sequences_greedy_are_identical(scheduler, demo_tokenizer):
     """Greedy ignores the seed: N greedy sequences are the same, as on TensorRT-LLM."""
-    prompt = encode(tokenizer, PROMPTS[2])
-    got = run(scheduler, make_sequences(prompt, 10, 3, sampling=SamplingParams(seed=4)))
-    assert got[0] == got[1] == got[2] == run(scheduler, [make_request(prompt, 10)])[0]
+    prompt = encode(demo_tokenizer, PROMPTS[2])
+    got = run_to_end(scheduler, make_sequences(prompt, 10, 3, sampling=SamplingParams(seed=4)))
+    assert got[0] == got[1] == got[2] == run_to_end(scheduler, [make_request(prompt, 10)])[0]

@@ -23,16 +23,7 @@ from tensorrtllm_backend.serving.routes.direct import TokenIds, direct_tensors
 from tensorrtllm_backend.serving.routes.text import text_tensors
 from tensorrtllm_backend.serving.schemas import SamplingParams
 from tensorrtllm_backend.serving.translation import LoraTensors
-
-
-def write_adapter(path: Path, rows: int = 4, width: int = 32, leading_one: bool = True) -> Path:
-    path.mkdir(parents=True)
-    shape = (1, rows, width) if leading_one else (rows, width)
-    weights = np.arange(np.prod(shape), dtype=np.float16).reshape(shape)
-    config = np.array([[i % 3, i // 3, 8] for i in range(rows)], dtype=np.int32)
-    np.save(path / WEIGHTS_FILE, weights)
-    np.save(path / CONFIG_FILE, config.reshape(1, rows, 3) if leading_one else config)
-    return path
+from tests.lora_helpers import write_adapter
 
 
 def engine(kind: str = "tensorrt_llm", lora: bool = True) -> EngineInfo:

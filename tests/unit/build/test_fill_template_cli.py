@@ -15,7 +15,7 @@ from tensorrtllm_backend.build.fill_template import main, parse_substitutions
 from tensorrtllm_backend.build.repository import TEMPLATES_DIR
 from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable
 
 # The commands of the BentoML TensorRT-LLM guide, verbatim (paths aside).
@@ -111,42 +111,24 @@ def test_without_in_place_prints_and_leaves_the_file(repo: Path) -> None:
     assert _params(parse_config(result.stdout))["tokenizer_dir"] == "/tok"
 
 
-def test_unknown_key_fails_and_leaves_the_file(repo: Path) -> None:
-    path = repo / "tensorrt_llm" / "config.pbtxt"
+@pytest.mark.parametrize(
+    ("model", "options", "values", "expected"),
+    [
+        ("tensorrt_llm", [], "engine_dir:/e,tokenizer_type:auto", ["tokenizer_type", "valid keys"]),
+        ("ensemble", ["--no-defaults"], "triton_max_batch_size:8", ["left unfilled", "logits_datatype"]),
+        ("tensorrt_llm_bls", [], "decoupled_mode:sometimes", ["decoupled_mode", "true or false"]),
+    ],
+    ids=["unknown-key", "leftover-placeholder", "malformed-value"],
+)  # fmt: skip
+def test_a_bad_fill_fails_and_leaves_the_file(
+    repo: Path, model: str, options: list[str], values: str, expected: list[str]
+) -> None:
+    path = repo / model / "config.pbtxt"
     before = path.read_bytes()
     result = _run(
-        "-m",
-        "tensorrtllm_backend.build.fill_template",
-        "-i",
-        str(path),
-        "engine_dir:/e,tokenizer_type:auto",
+        "-m", "tensorrtllm_backend.build.fill_template", "-i", *options, str(path), values
     )
-    _assert_one_line_error(result, "tokenizer_type", "valid keys")
-    assert path.read_bytes() == before
-
-
-def test_leftover_placeholder_fails_and_leaves_the_file(repo: Path) -> None:
-    path = repo / "ensemble" / "config.pbtxt"
-    before = path.read_bytes()
-    result = _run(
-        "-m",
-        "tensorrtllm_backend.build.fill_template",
-        "-i",
-        "--no-defaults",
-        str(path),
-        "triton_max_batch_size:8",
-    )
-    _assert_one_line_error(result, "left unfilled", "logits_datatype")
-    assert path.read_bytes() == before
-
-
-def test_malformed_value_fails_and_leaves_the_file(repo: Path) -> None:
-    path = repo / "tensorrt_llm_bls" / "config.pbtxt"
-    before = path.read_bytes()
-    result = _run(
-        "-m", "tensorrtllm_backend.build.fill_template", "-i", str(path), "decoupled_mode:sometimes"
-    )
-    _assert_one_line_error(result, "decoupled_mode", "true or false")
+    _assert_one_line_error(result, *expected)
     assert path.read_bytes() == before
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from tensorrtllm_backend.common.tokenization import load_tokenizer
 from tensorrtllm_backend.serving.routes.llmapi import (
     OUTPUTS,
     LlmapiDecoder,
@@ -21,7 +20,7 @@ from tensorrtllm_backend.serving.routes.llmapi import (
 )
 from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
 
-CONTRACT = json.loads((Path(__file__).parent.parent / "data" / "contract_llmapi.json").read_text())
+CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_llmapi.json").read_text())
 NUMPY_DTYPES = {
     "STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64,
     "FP32": np.float32,
@@ -102,15 +101,8 @@ def response(text: str, finish_reason: str) -> InferResult:
     return InferResult(message)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    from tensorrtllm_backend.build.demo import build_demo_checkpoint
-
-    return load_tokenizer(build_demo_checkpoint(tmp_path_factory.mktemp("demo")))
-
-
-def test_decoder_turns_text_so_far_into_deltas(tokenizer) -> None:
-    decoder = LlmapiDecoder(tokenizer)
+def test_decoder_turns_text_so_far_into_deltas(demo_tokenizer) -> None:
+    decoder = LlmapiDecoder(demo_tokenizer)
     steps = [("Once", "None"), ("Once upon", "None"), ("Once upon", "None"),
              ("Once upon a time", "length")]  # fmt: skip
     out = [decoder(response(text, reason)) for text, reason in steps]
@@ -120,18 +112,18 @@ def test_decoder_turns_text_so_far_into_deltas(tokenizer) -> None:
     assert decoder.counted + decoder.settle(max_tokens=5) == 5  # ended for length: max_tokens
 
 
-def test_decoder_counts_a_stopped_completion_with_the_tokenizer(tokenizer) -> None:
-    decoder = LlmapiDecoder(tokenizer)
+def test_decoder_counts_a_stopped_completion_with_the_tokenizer(demo_tokenizer) -> None:
+    decoder = LlmapiDecoder(demo_tokenizer)
     decoder(response("Once upon", "None"))
     decoder(response("Once upon a time", "stop"))
     assert decoder.finish_reason is FinishReason.STOP
-    expected = len(tokenizer.encode("Once upon a time", add_special_tokens=False))
+    expected = len(demo_tokenizer.encode("Once upon a time", add_special_tokens=False))
     assert decoder.counted + decoder.settle(max_tokens=100) == expected
     assert decoder.counted + decoder.settle(max_tokens=2) == 2  # never above max_tokens
 
 
-def test_revised_text_sends_nothing_more(tokenizer) -> None:
-    decoder = LlmapiDecoder(tokenizer)
+def test_revised_text_sends_nothing_more(demo_tokenizer) -> None:
+    decoder = LlmapiDecoder(demo_tokenizer)
     assert decoder(response("Once upon a ti", "None"))[0] == "Once upon a ti"
     assert decoder(response("Once upon a", "stop"))[0] == ""  # stop word trimmed at the end
     assert decoder.finish_reason is FinishReason.STOP

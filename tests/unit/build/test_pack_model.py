@@ -4,6 +4,7 @@ documented layout, and a failure in the middle of storing leaves no model behind
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,10 +16,10 @@ from typing import Any
 
 import bentoml
 import pytest
+from engine_configs import modern_config
 
 import pack_model
 from tensorrtllm_backend.build import packing
-from tensorrtllm_backend.build.demo import build_demo_checkpoint
 from tensorrtllm_backend.build.xgrammar_info import tokenizer_info
 from tensorrtllm_backend.common.model_repository import parse_config
 from tensorrtllm_backend.common.model_store import read_manifest
@@ -29,39 +30,12 @@ OLD_IMAGE = "nvcr.io/nvidia/tritonserver:24.03-trtllm-python-py3"  # TensorRT-LL
 MATCHING_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-trtllm-python-py3"  # TensorRT-LLM 0.12.0
 
 
-def engine_config(world_size: int = 2) -> dict[str, Any]:
-    """config.json as trtllm-build >= 0.9 writes it."""
-    return {
-        "version": "0.12.0",
-        "pretrained_config": {
-            "architecture": "LlamaForCausalLM",
-            "dtype": "float16",
-            "vocab_size": 128256,
-            "mapping": {"world_size": world_size, "tp_size": 2, "pp_size": 1},
-        },
-        "build_config": {
-            "max_batch_size": 64,
-            "max_input_len": 2048,
-            "max_seq_len": 4096,
-            "max_beam_width": 1,
-            "max_num_tokens": 8192,
-            "plugin_config": {"gpt_attention_plugin": "float16"},
-        },
-    }
-
-
 def write_engine_dir(path: Path, config: dict[str, Any] | None = None) -> Path:
     path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps(config or engine_config()))
+    (path / "config.json").write_text(json.dumps(config or modern_config()))
     for rank in range(2):
         (path / f"rank{rank}.engine").write_bytes(os.urandom(4096))
     return path
-
-
-@pytest.fixture(scope="session")
-def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo HF checkpoint (tokenizer + tiny Llama), built once: it doubles as a tokenizer dir."""
-    return build_demo_checkpoint(tmp_path_factory.mktemp("pack-demo") / "checkpoint")
 
 
 @pytest.fixture
@@ -101,6 +75,16 @@ def run_pack(*args: str) -> int:
     return pack_model.main([*args, "--no-progress"])
 
 
+@contextlib.contextmanager
+def stored_model(name: str) -> Iterator[bentoml.Model]:
+    """The one model stored under `name`, deleted from the store when the block ends."""
+    (model,) = bentoml.models.list(name)
+    try:
+        yield model
+    finally:
+        bentoml.models.delete(str(model.tag))
+
+
 # --- input errors: exit code 2, a message naming the problem, nothing stored --------------------
 
 
@@ -114,7 +98,7 @@ def test_missing_engine_dir(tmp_path, demo_checkpoint, name, unchanged_store, ca
 def test_no_engine_files(tmp_path, demo_checkpoint, name, unchanged_store, capsys) -> None:
     engine = tmp_path / "engine"
     engine.mkdir()
-    (engine / "config.json").write_text(json.dumps(engine_config()))
+    (engine / "config.json").write_text(json.dumps(modern_config()))
     assert run_pack("--engine-dir", str(engine), "--tokenizer-dir", str(demo_checkpoint),
                     "--name", name) == 2  # fmt: skip
     assert "no *.engine files" in capsys.readouterr().err
@@ -135,7 +119,7 @@ def test_malformed_config(engine_dir, demo_checkpoint, name, unchanged_store, ca
 
 
 def test_world_size_mismatch(engine_dir, demo_checkpoint, name, unchanged_store, capsys) -> None:
-    (engine_dir / "config.json").write_text(json.dumps(engine_config(world_size=4)))
+    (engine_dir / "config.json").write_text(json.dumps(modern_config(world_size=4)))
     assert run_pack("--engine-dir", str(engine_dir), "--tokenizer-dir", str(demo_checkpoint),
                     "--name", name) == 2  # fmt: skip
     assert "mapping.world_size is 4 but tp_size x pp_size = 2" in capsys.readouterr().err
@@ -441,8 +425,7 @@ def test_hf_model_packs_a_cpu_engine(demo_checkpoint: Path, name: str, capsys) -
     code = run_pack("--hf-model", str(demo_checkpoint), "--name", name, "--max-input-len", "128",
                     "--max-seq-len", "256")  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    (model,) = bentoml.models.list(name)
-    try:
+    with stored_model(name) as model:
         root = Path(model.path)
         config = json.loads((root / packing.ENGINES / "config.json").read_text())
         assert config["cpu_engine"]["mode"] == "hf"
@@ -458,15 +441,12 @@ def test_hf_model_packs_a_cpu_engine(demo_checkpoint: Path, name: str, capsys) -
         assert model.info.metadata["engine_kind"] == "cpu"
         assert model.info.metadata["engine_max_input_len"] == 128
         assert model.info.labels["source"] == "hf"
-    finally:
-        bentoml.models.delete(str(model.tag))
 
 
 def test_synthetic_packs_without_a_checkpoint(name: str, capsys) -> None:
     code = run_pack("--synthetic", "--itl-ms", "5", "--name", name, "--route", "ensemble")
     assert code == 0, capsys.readouterr().err
-    (model,) = bentoml.models.list(name)
-    try:
+    with stored_model(name) as model:
         root = Path(model.path)
         config = json.loads((root / packing.ENGINES / "config.json").read_text())
         assert config["cpu_engine"]["mode"] == "synthetic"
@@ -474,5 +454,3 @@ def test_synthetic_packs_without_a_checkpoint(name: str, capsys) -> None:
         assert (root / packing.TOKENIZER / "tokenizer.json").is_file()
         assert read_manifest(root)["route"] == "ensemble"
         assert model.info.metadata["engine_cpu_mode"] == "synthetic"
-    finally:
-        bentoml.models.delete(str(model.tag))

@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tiny_tokenizers import byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer
@@ -31,16 +31,8 @@ from tensorrtllm_backend.python_models.bls.pipeline import (
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(["hello world, stop here. Grüße 日本"] * 10, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    corpus = ["hello world, stop here. Grüße 日本"] * 10
+    return byte_level_bpe(corpus, 300, bos_token="<s>", eos_token="</s>")
 
 
 def test_model_parameter_treats_placeholders_as_unset() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
 
 VOCAB = 2048  # the synthetic backend's vocabulary in these tests
 EOS = 2
@@ -47,6 +48,18 @@ def make_request(
 ) -> tuple[GenRequest, RecordingSink]:
     sink = RecordingSink()
     return GenRequest(prompt=prompt, max_new_tokens=max_new_tokens, sink=sink, **kwargs), sink
+
+
+def run_to_end(
+    scheduler: Scheduler, requests: list[tuple[GenRequest, RecordingSink]], timeout: float = 120.0
+) -> list[list[int]]:
+    """Submit every request, wait until each has finished without an error; what each generated."""
+    for req, _ in requests:
+        scheduler.submit(req)
+    for _, sink in requests:
+        assert sink.done.wait(timeout)
+        assert sink.error is None, sink.error
+    return [req.generated for req, _ in requests]
 
 
 def make_sequences(

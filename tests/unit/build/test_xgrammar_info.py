@@ -11,7 +11,6 @@ import pytest
 import xgrammar as xgr
 from transformers import ByT5Tokenizer, PreTrainedTokenizerBase
 
-from tensorrtllm_backend.build.demo import build_demo_checkpoint
 from tensorrtllm_backend.build.xgrammar_info import (
     FILE_NAME,
     TokenizerInfoError,
@@ -28,18 +27,13 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_checkpoint(tmp_path_factory.mktemp("xgrammar-info") / "checkpoint")
+def tokenizer(demo_checkpoint: Path) -> PreTrainedTokenizerBase:
+    return load_tokenizer(demo_checkpoint)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
-    return load_tokenizer(tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def written(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    path = write_tokenizer_info(tokenizer_dir, tmp_path_factory.mktemp("info") / FILE_NAME)
+def written(demo_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    path = write_tokenizer_info(demo_checkpoint, tmp_path_factory.mktemp("info") / FILE_NAME)
     return json.loads(path.read_text(encoding="utf-8"))
 
 
