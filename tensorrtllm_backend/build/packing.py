@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ..common.engine_config import EngineInfo, check_runtime_compatibility, inspect_engine
 from ..common.lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
+from ..common.tokenization import load_checked_tokenizer
 from .repository import TemplateError, fill_repository
 from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
 from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
@@ -159,22 +160,12 @@ def template_options(
 
 
 def _check_tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
-    if not tokenizer_dir.is_dir():
-        raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
-    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES[:5]):
-        raise PackError(
-            f"no tokenizer in {tokenizer_dir} (expected tokenizer.json, tokenizer_config.json or "
-            "tokenizer.model): pass --tokenizer-dir with the Hugging Face tokenizer of the model"
-        )
-    from ..common.tokenization import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(tokenizer_dir)
-    except Exception as error:  # transformers raises many kinds
-        raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
-    if tokenizer.eos_token_id is None:
-        raise PackError(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
-    return tokenizer
+    return load_checked_tokenizer(
+        tokenizer_dir,
+        TOKENIZER_FILES[:5],
+        "pass --tokenizer-dir with the Hugging Face tokenizer of the model",
+        PackError,
+    )
 
 
 def _check_xgrammar_info(

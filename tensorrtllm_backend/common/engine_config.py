@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -46,8 +46,55 @@ class EngineError(ValueError):
     """The engine directory cannot be served; the message says what to fix."""
 
 
-class EngineInfo(BaseModel):
+class PackedSummary(BaseModel):
+    """What engine and checkpoint summaries share: the tp x pp layout of the ranks that serve
+    them, and a flat view for the BentoML model's metadata. Subclasses declare `tp_size`,
+    `pp_size`, `path` and the list of files named by FILES (counted in the metadata)."""
+
+    FILES: ClassVar[str]
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size  # type: ignore[attr-defined]
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat, JSON-friendly summary for the BentoML model's metadata."""
+        data = self.model_dump(mode="json", exclude={"path", self.FILES})
+        data["world_size"] = self.world_size
+        data[self.FILES] = len(getattr(self, self.FILES))
+        return {key: value for key, value in data.items() if value is not None}
+
+
+def read_config_json(
+    directory: Path, what: str, missing: str, error: type[ValueError]
+) -> dict[str, Any]:
+    """The object in `directory`/config.json; `error` says what is wrong with it.
+
+    `what` names the directory in messages ("engine directory"); `missing` is the message when
+    config.json is not there (it says how to point at the right directory).
+    """
+    if not directory.exists():
+        raise error(f"{what} {directory} does not exist")
+    if not directory.is_dir():
+        raise error(f"{directory} is not a directory")
+    path = directory / "config.json"
+    if not path.is_file():
+        raise error(missing)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise error(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object")
+    return data
+
+
+class EngineInfo(PackedSummary):
     """What an engine directory holds, as far as serving it is concerned."""
+
+    FILES = "engine_files"
 
     kind: EngineKind
     path: Path
@@ -67,42 +114,8 @@ class EngineInfo(BaseModel):
     cpu_mode: str | None = None
 
     @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
-
-    @property
     def max_output_len(self) -> int:
         return self.max_seq_len - 1
-
-    def metadata(self) -> dict[str, Any]:
-        """Flat, JSON-friendly summary for the BentoML model's metadata."""
-        data = self.model_dump(mode="json", exclude={"path", "engine_files"})
-        data["world_size"] = self.world_size
-        data["engine_files"] = len(self.engine_files)
-        return {key: value for key, value in data.items() if value is not None}
-
-
-def _read_config(engine_dir: Path) -> dict[str, Any]:
-    if not engine_dir.exists():
-        raise EngineError(f"engine directory {engine_dir} does not exist")
-    if not engine_dir.is_dir():
-        raise EngineError(f"{engine_dir} is not a directory")
-    config_path = engine_dir / "config.json"
-    if not config_path.is_file():
-        raise EngineError(
-            f"{config_path} is missing: point --engine-dir at the output directory of trtllm-build"
-        )
-    try:
-        data = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError) as error:
-        raise EngineError(f"cannot read {config_path}: {error}") from error
-    except json.JSONDecodeError as error:
-        raise EngineError(
-            f"{config_path} is not valid JSON (line {error.lineno}: {error.msg})"
-        ) from error
-    if not isinstance(data, dict):
-        raise EngineError(f"{config_path} must hold a JSON object")
-    return data
 
 
 def _int(section: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -219,7 +232,13 @@ def _inspect_legacy(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
 def inspect_engine(engine_dir: Path | str) -> EngineInfo:
     """Read and check an engine directory; raise EngineError naming what is wrong."""
     engine_dir = Path(engine_dir)
-    data = _read_config(engine_dir)
+    data = read_config_json(
+        engine_dir,
+        "engine directory",
+        f"{engine_dir / 'config.json'} is missing: point --engine-dir at the output directory "
+        "of trtllm-build",
+        EngineError,
+    )
     if "builder_config" in data:
         info = _inspect_legacy(engine_dir, data)
     elif "build_config" in data or "pretrained_config" in data:
