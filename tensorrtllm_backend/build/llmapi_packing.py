@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
 from .llmapi_repository import build_model_yaml, write_llmapi_repository
 from .packing import (
@@ -27,7 +25,7 @@ from .packing import (
     TOKENIZER_FILES,
     PackError,
     check_tag,
-    link_or_copy,
+    copy_files,
 )
 from .repository import TemplateError
 
@@ -77,12 +75,13 @@ class LlmapiPlan:
         """Served by the CPU stand-in (the demo); a real checkpoint asks BentoML for GPUs."""
         return self.source == "demo"
 
+    def _header(self) -> dict[str, Any]:
+        """What the model store's metadata and the manifest both start with."""
+        return {"format": FORMAT, "workflow": WORKFLOW, "source": self.source, "route": self.route}
+
     def metadata(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
-            "workflow": WORKFLOW,
-            "source": self.source,
-            "route": self.route,
+            **self._header(),
             # What deployment.resources() reads: one GPU per rank of the LLM API's world.
             "engine_kind": "cpu" if self.cpu else "llmapi",
             "engine_world_size": self.checkpoint.world_size,
@@ -97,10 +96,7 @@ class LlmapiPlan:
 
     def manifest(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
-            "workflow": WORKFLOW,
-            "source": self.source,
-            "route": self.route,
+            **self._header(),
             "checkpoint": self.checkpoint.model_dump(mode="json", exclude={"path"}),
             "limits": self.limits(),
             "model_yaml": self.model_yaml,
@@ -108,16 +104,7 @@ class LlmapiPlan:
         }
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
-        files = self.files()
-        with tqdm(
-            total=sum(src.stat().st_size for src, _ in files),
-            unit="B",
-            unit_scale=True,
-            desc="checkpoint+tokenizer",
-            disable=not show_progress,
-        ) as progress:
-            for src, rel in files:
-                link_or_copy(src, root / rel, progress)
+        copy_files(self.files(), root, "checkpoint+tokenizer", show_progress)
         write_llmapi_repository(root / REPOSITORY, self.model_yaml)
         (root / MANIFEST).write_text(json.dumps(self.manifest(), indent=2) + "\n")
 

@@ -277,23 +277,25 @@ def _link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
         progress.update(src.stat().st_size)
 
 
-def link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
-    """Hard-link src to dst when on one filesystem, else copy it (with progress)."""
-    _link_or_copy(src, dst, progress)
-
-
-def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
-    """Write engines, tokenizer, the filled repository and the manifest under root."""
-    files = pack.files()
+def copy_files(
+    files: list[tuple[Path, Path]], root: Path, desc: str, show_progress: bool = True
+) -> None:
+    """Hard-link (one filesystem) or copy each (source file, path inside the model) under root,
+    with one progress bar in bytes."""
     with tqdm(
         total=sum(src.stat().st_size for src, _ in files),
         unit="B",
         unit_scale=True,
-        desc="engines+tokenizer",
+        desc=desc,
         disable=not show_progress,
     ) as progress:
         for src, rel in files:
             _link_or_copy(src, root / rel, progress)
+
+
+def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
+    """Write engines, tokenizer, the filled repository and the manifest under root."""
+    copy_files(pack.files(), root, "engines+tokenizer", show_progress)
     if pack.options.get("xgrammar_tokenizer_info_path") == XGRAMMAR_TOKENIZER_INFO:
         write_tokenizer_info(root / TOKENIZER, root / XGRAMMAR_TOKENIZER_INFO)
     fill_repository(root / REPOSITORY, pack.options)
