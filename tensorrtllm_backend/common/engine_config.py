@@ -159,7 +159,11 @@ def _check_rank_files(engine_dir: Path, world_size: int) -> list[str]:
     return files
 
 
-def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
+def _inspect_modern(
+    engine_dir: Path, data: dict[str, Any], where: str = "build_config"
+) -> EngineInfo:
+    """Read a config.json of TensorRT-LLM >= 0.9 (or one translated from an older layout, whose
+    limits section errors name as `where`)."""
     pretrained = data.get("pretrained_config") or {}
     build = data.get("build_config") or {}
     if not isinstance(pretrained, dict) or not isinstance(build, dict):
@@ -172,10 +176,10 @@ def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
         raise EngineError(
             f"config.json: mapping.world_size is {declared} but tp_size x pp_size = {tp * pp}"
         )
-    max_input_len = _int(build, "max_input_len", "build_config")
+    max_input_len = _int(build, "max_input_len", where)
     max_seq_len = build.get("max_seq_len")
     if max_seq_len is None and "max_output_len" in build:  # 0.9 wrote max_output_len
-        max_seq_len = max_input_len + _int(build, "max_output_len", "build_config")
+        max_seq_len = max_input_len + _int(build, "max_output_len", where)
     cpu = data.get("cpu_engine")
     kind: EngineKind = "cpu" if isinstance(cpu, dict) else "tensorrt_llm"
     files = [] if kind == "cpu" else _check_rank_files(engine_dir, tp * pp)
@@ -190,10 +194,10 @@ def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
         vocab_size=pretrained.get("vocab_size"),
         tp_size=tp,
         pp_size=pp,
-        max_batch_size=_int(build, "max_batch_size", "build_config"),
+        max_batch_size=_int(build, "max_batch_size", where),
         max_input_len=max_input_len,
-        max_seq_len=_int({"max_seq_len": max_seq_len}, "max_seq_len", "build_config"),
-        max_beam_width=_int(build, "max_beam_width", "build_config", 1),
+        max_seq_len=_int({"max_seq_len": max_seq_len}, "max_seq_len", where),
+        max_beam_width=_int(build, "max_beam_width", where, 1),
         max_num_tokens=build.get("max_num_tokens"),
         lora_enabled=bool(plugins.get("lora_plugin")) or bool(lora_config.get("lora_dir")),
         engine_files=files,
@@ -201,32 +205,40 @@ def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
     )
 
 
-def _inspect_legacy(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
+# The limits of TensorRT-LLM < 0.9's builder_config, under the names build_config uses today.
+_LEGACY_LIMITS = (
+    "max_batch_size",
+    "max_input_len",
+    "max_output_len",
+    "max_beam_width",
+    "max_num_tokens",
+)
+
+
+def _legacy_as_modern(data: dict[str, Any]) -> dict[str, Any]:
+    """A config.json of TensorRT-LLM < 0.9 (builder_config + plugin_config) in today's layout, so
+    one reader serves both. Values whose names change are checked under their old names here."""
     builder = data["builder_config"]
     if not isinstance(builder, dict):
         raise EngineError("config.json: builder_config must be an object")
-    tp = _int(builder, "tensor_parallel", "builder_config", 1)
-    pp = _int(builder, "pipeline_parallel", "builder_config", 1)
-    max_input_len = _int(builder, "max_input_len", "builder_config")
-    max_output_len = _int(builder, "max_output_len", "builder_config")
-    plugins = data.get("plugin_config") or {}
-    return EngineInfo(
-        kind="tensorrt_llm",
-        path=engine_dir,
-        version=builder.get("tensorrt_llm_version") or builder.get("version"),
-        architecture=builder.get("name"),
-        dtype=builder.get("precision"),
-        vocab_size=builder.get("vocab_size"),
-        tp_size=tp,
-        pp_size=pp,
-        max_batch_size=_int(builder, "max_batch_size", "builder_config"),
-        max_input_len=max_input_len,
-        max_seq_len=max_input_len + max_output_len,
-        max_beam_width=_int(builder, "max_beam_width", "builder_config", 1),
-        max_num_tokens=builder.get("max_num_tokens"),
-        lora_enabled=bool(plugins.get("lora_plugin")),
-        engine_files=_check_rank_files(engine_dir, tp * pp),
-    )
+    _int(builder, "max_output_len", "builder_config")  # the sequence length is input + output
+    version = builder.get("tensorrt_llm_version") or builder.get("version")
+    return {
+        **({"version": version} if version else {}),
+        "pretrained_config": {
+            "architecture": builder.get("name"),
+            "dtype": builder.get("precision"),
+            "vocab_size": builder.get("vocab_size"),
+            "mapping": {
+                "tp_size": _int(builder, "tensor_parallel", "builder_config", 1),
+                "pp_size": _int(builder, "pipeline_parallel", "builder_config", 1),
+            },
+        },
+        "build_config": {
+            **{key: value for key, value in builder.items() if key in _LEGACY_LIMITS},
+            "plugin_config": data.get("plugin_config") or {},
+        },
+    }
 
 
 def inspect_engine(engine_dir: Path | str) -> EngineInfo:
@@ -240,7 +252,7 @@ def inspect_engine(engine_dir: Path | str) -> EngineInfo:
         EngineError,
     )
     if "builder_config" in data:
-        info = _inspect_legacy(engine_dir, data)
+        info = _inspect_modern(engine_dir, _legacy_as_modern(data), where="builder_config")
     elif "build_config" in data or "pretrained_config" in data:
         info = _inspect_modern(engine_dir, data)
     else:
