@@ -27,7 +27,14 @@ from pathlib import Path
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tensorrtllm_backend.build.packing import PackError, PackPlan, plan, staging_dir, store
+from tensorrtllm_backend.build.packing import (
+    PackError,
+    PackPlan,
+    StorablePlan,
+    plan,
+    staging_dir,
+    store,
+)
 from tensorrtllm_backend.common.engine_config import (
     EngineError,
     check_runtime_compatibility,
@@ -322,6 +329,19 @@ def _check_llmapi_image(args: argparse.Namespace) -> None:
     _warn(f"{message} (checked against the default image; set docker.base_image)")
 
 
+def _store_unless_dry_run(
+    pack: StorablePlan, description: str, args: argparse.Namespace
+) -> str | None:
+    """Print what the plan stores, then store it (not with --dry-run); the stored tag."""
+    print(description)
+    if args.dry_run:
+        print("dry run: nothing stored")
+        return None
+    tag = store(pack, version=args.tag, show_progress=not args.no_progress)
+    print(f"stored: {tag}")
+    return tag
+
+
 def run_llmapi(args: argparse.Namespace) -> str | None:
     """--workflow llmapi: validate the checkpoint, then store it with the llmapi repository."""
     from tensorrtllm_backend.build.llmapi_packing import describe_llmapi, plan_llmapi
@@ -347,13 +367,7 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
             backend=args.backend, max_batch_size=args.max_batch_size,
             max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, llm_args=llm_args,
         )  # fmt: skip
-        print(describe_llmapi(pack))
-        if args.dry_run:
-            print("dry run: nothing stored")
-            return None
-        tag = store(pack, version=args.tag, show_progress=not args.no_progress)
-    print(f"stored: {tag}")
-    return tag
+        return _store_unless_dry_run(pack, describe_llmapi(pack), args)
 
 
 def run(args: argparse.Namespace) -> str | None:
@@ -387,13 +401,7 @@ def run(args: argparse.Namespace) -> str | None:
                 check_runtime_compatibility(pack.engine, runtime)
             except EngineError as error:
                 _warn(f"{error} (checked against the default image {image})")
-        print(describe(pack))
-        if args.dry_run:
-            print("dry run: nothing stored")
-            return None
-        tag = store(pack, version=args.tag, show_progress=not args.no_progress)
-    print(f"stored: {tag}")
-    return tag
+        return _store_unless_dry_run(pack, describe(pack), args)
 
 
 def _default_name(engine_dir: Path, args: argparse.Namespace) -> str:

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,12 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 
-@dataclass
 class Tally:
-    ok: int = 0
-    lost: int = 0
-    short: int = 0
-    wrong: int = 0
-    chunks: int = 0
-    examples: list[str] = field(default_factory=list)
+    """Requests by outcome (ok, lost, short, wrong), chunks received, the first few failures."""
+
+    def __init__(self) -> None:
+        self.ok = self.lost = self.short = self.wrong = self.chunks = 0
+        self.examples: list[str] = []
 
     def note(self, kind: str, detail: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)

@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from ..common.engine_config import PackedSummary, read_config_json
+from ..common.tokenization import load_checked_tokenizer
 
 # Model classes of TensorRT-LLM's PyTorch backend (tensorrt_llm/_torch/models, 1.0 / 1.1 support
 # matrix), by the `architectures` name Hugging Face writes into config.json. Data, not logic:
@@ -63,8 +66,10 @@ class CheckpointError(ValueError):
     """The checkpoint cannot be served by the LLM API; the message says what to fix."""
 
 
-class CheckpointInfo(BaseModel):
+class CheckpointInfo(PackedSummary):
     """What a checkpoint holds, as far as packing and serving it is concerned."""
+
+    FILES = "weight_files"
 
     path: Path
     architecture: str
@@ -77,39 +82,6 @@ class CheckpointInfo(BaseModel):
     weight_files: list[str] = Field(default_factory=list)
     tp_size: int = 1
     pp_size: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
-
-    def metadata(self) -> dict[str, Any]:
-        """Flat summary for the BentoML model's metadata."""
-        data = self.model_dump(mode="json", exclude={"path", "weight_files"})
-        data["world_size"] = self.world_size
-        data["weight_files"] = len(self.weight_files)
-        return {key: value for key, value in data.items() if value is not None}
-
-
-def _read_config(checkpoint: Path) -> dict[str, Any]:
-    if not checkpoint.is_dir():
-        raise CheckpointError(f"checkpoint directory {checkpoint} does not exist")
-    config_path = checkpoint / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(
-            f"{checkpoint} has no config.json: point --checkpoint at a Hugging Face model "
-            "directory (config.json, *.safetensors, tokenizer files)"
-        )
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"cannot read {config_path}: {error}") from error
-    except json.JSONDecodeError as error:
-        raise CheckpointError(
-            f"{config_path} is not valid JSON (line {error.lineno}: {error.msg})"
-        ) from error
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{config_path} must hold a JSON object")
-    return data
 
 
 def _architecture(data: dict[str, Any], config_path: Path) -> str:
@@ -168,19 +140,12 @@ def _weight_files(checkpoint: Path) -> list[str]:
 
 def check_tokenizer(tokenizer_dir: Path) -> None:
     """A tokenizer the service and the model can load, with an end token."""
-    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_MARKERS):
-        raise CheckpointError(
-            f"no tokenizer in {tokenizer_dir} (expected one of {', '.join(TOKENIZER_MARKERS)}): "
-            "copy the model's tokenizer files next to config.json, or pass --tokenizer-dir"
-        )
-    from ..common.tokenization import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(tokenizer_dir)
-    except Exception as error:  # transformers raises many kinds
-        raise CheckpointError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
-    if tokenizer.eos_token_id is None:
-        raise CheckpointError(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
+    load_checked_tokenizer(
+        tokenizer_dir,
+        TOKENIZER_MARKERS,
+        "copy the model's tokenizer files next to config.json, or pass --tokenizer-dir",
+        CheckpointError,
+    )
 
 
 def _positive(value: object, flag: str) -> int:
@@ -225,7 +190,13 @@ def inspect_checkpoint(
 ) -> CheckpointInfo:
     """Read and check a checkpoint; raise CheckpointError naming what is wrong."""
     checkpoint = Path(checkpoint)
-    data = _read_config(checkpoint)
+    data = read_config_json(
+        checkpoint,
+        "checkpoint directory",
+        f"{checkpoint} has no config.json: point --checkpoint at a Hugging Face model directory "
+        "(config.json, *.safetensors, tokenizer files)",
+        CheckpointError,
+    )
     config_path = checkpoint / "config.json"
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
     info = CheckpointInfo(

@@ -31,14 +31,21 @@ EXIT_USAGE = 2
 _NAME_LINE = re.compile(r'^\s*name\s*:\s*"([^"]+)"', re.MULTILINE)
 
 
-def _split_escaped(text: str, sep: str, maxsplit: int = -1) -> list[str]:
-    """Split on unescaped ``sep``; a backslash keeps the next character literally (as NVIDIA's)."""
+def _split_escaped(text: str, sep: str, maxsplit: int = -1, keep: str = "") -> list[str]:
+    """Split on unescaped ``sep``; a backslash keeps the next character literally (as NVIDIA's).
+
+    Escapes of the characters in ``keep`` stay escaped in the parts, for a second split.
+    """
+
+    def literal(char: str) -> str:
+        return "\\" + char if char in keep else char
+
     parts: list[str] = []
     current: list[str] = []
     escaped = False
     for char in text:
         if escaped:
-            current.append(char)
+            current.append(literal(char))
             escaped = False
         elif char == "\\":
             escaped = True
@@ -47,8 +54,8 @@ def _split_escaped(text: str, sep: str, maxsplit: int = -1) -> list[str]:
             current = []
         else:
             current.append(char)
-    if escaped:
-        current.append("\\")
+    if escaped:  # a trailing backslash is itself
+        current.append(literal("\\"))
     parts.append("".join(current))
     return parts
 
@@ -58,7 +65,8 @@ def parse_substitutions(spec: str) -> dict[str, str]:
     values: dict[str, str] = {}
     if not spec.strip():
         return values
-    for item in _split_items(spec):
+    # Items split on unescaped ',', keeping escapes of ':' for the key/value split.
+    for item in _split_escaped(spec, ",", keep=":\\"):
         if not item.strip():
             continue
         pieces = _split_escaped(item, ":", maxsplit=1)
@@ -69,28 +77,6 @@ def parse_substitutions(spec: str) -> dict[str, str]:
             raise TemplateError(f"key {key!r} is given twice")
         values[key] = value
     return values
-
-
-def _split_items(spec: str) -> list[str]:
-    """Split the list on unescaped ',' but keep escapes of ':' for the key/value split."""
-    items: list[str] = []
-    current: list[str] = []
-    escaped = False
-    for char in spec:
-        if escaped:
-            current.append("\\" + char if char in ":\\" else char)
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == ",":
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    if escaped:
-        current.append("\\\\")
-    items.append("".join(current))
-    return items
 
 
 def identify_model(path: Path, text: str) -> str:

@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from ..common.model_repository import TemplateError
 from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
 from .llmapi_repository import build_model_yaml, write_llmapi_repository
-from .packing import TOKENIZER_FILES, PackError, check_tag, link_or_copy
+from .packing import TOKENIZER_FILES, PackError, check_tag, copy_files
 
 WORKFLOW = "llmapi"
 CHECKPOINT = "checkpoint"
@@ -69,12 +67,13 @@ class LlmapiPlan:
         """Served by the CPU stand-in (the demo); a real checkpoint asks BentoML for GPUs."""
         return self.source == "demo"
 
+    def _header(self) -> dict[str, Any]:
+        """What the model store's metadata and the manifest both start with."""
+        return {"format": FORMAT, "workflow": WORKFLOW, "source": self.source, "route": self.route}
+
     def metadata(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
-            "workflow": WORKFLOW,
-            "source": self.source,
-            "route": self.route,
+            **self._header(),
             # What deployment.resources() reads: one GPU per rank of the LLM API's world.
             "engine_kind": "cpu" if self.cpu else "llmapi",
             "engine_world_size": self.checkpoint.world_size,
@@ -89,10 +88,7 @@ class LlmapiPlan:
 
     def manifest(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
-            "workflow": WORKFLOW,
-            "source": self.source,
-            "route": self.route,
+            **self._header(),
             "checkpoint": self.checkpoint.model_dump(mode="json", exclude={"path"}),
             "limits": self.limits(),
             "model_yaml": self.model_yaml,
@@ -100,16 +96,7 @@ class LlmapiPlan:
         }
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
-        files = self.files()
-        with tqdm(
-            total=sum(src.stat().st_size for src, _ in files),
-            unit="B",
-            unit_scale=True,
-            desc="checkpoint+tokenizer",
-            disable=not show_progress,
-        ) as progress:
-            for src, rel in files:
-                link_or_copy(src, root / rel, progress)
+        copy_files(self.files(), root, "checkpoint+tokenizer", show_progress)
         write_llmapi_repository(root / REPOSITORY, self.model_yaml)
         (root / MANIFEST).write_text(json.dumps(self.manifest(), indent=2) + "\n")
 

@@ -28,6 +28,7 @@ from ..common.engine_config import EngineInfo, check_runtime_compatibility, insp
 from ..common.lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
 from ..common.model_repository import TemplateError
 from ..common.model_store import ENGINES, FORMAT, MANIFEST, REPOSITORY, TOKENIZER
+from ..common.tokenization import load_checked_tokenizer
 from .repository import fill_repository
 from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
 from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
@@ -156,22 +157,12 @@ def template_options(
 
 
 def _check_tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
-    if not tokenizer_dir.is_dir():
-        raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
-    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES[:5]):
-        raise PackError(
-            f"no tokenizer in {tokenizer_dir} (expected tokenizer.json, tokenizer_config.json or "
-            "tokenizer.model): pass --tokenizer-dir with the Hugging Face tokenizer of the model"
-        )
-    from ..common.tokenization import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(tokenizer_dir)
-    except Exception as error:  # transformers raises many kinds
-        raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
-    if tokenizer.eos_token_id is None:
-        raise PackError(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
-    return tokenizer
+    return load_checked_tokenizer(
+        tokenizer_dir,
+        TOKENIZER_FILES[:5],
+        "pass --tokenizer-dir with the Hugging Face tokenizer of the model",
+        PackError,
+    )
 
 
 def _check_xgrammar_info(
@@ -283,23 +274,25 @@ def _link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
         progress.update(src.stat().st_size)
 
 
-def link_or_copy(src: Path, dst: Path, progress: tqdm | None) -> None:
-    """Hard-link src to dst when on one filesystem, else copy it (with progress)."""
-    _link_or_copy(src, dst, progress)
-
-
-def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
-    """Write engines, tokenizer, the filled repository and the manifest under root."""
-    files = pack.files()
+def copy_files(
+    files: list[tuple[Path, Path]], root: Path, desc: str, show_progress: bool = True
+) -> None:
+    """Hard-link (one filesystem) or copy each (source file, path inside the model) under root,
+    with one progress bar in bytes."""
     with tqdm(
         total=sum(src.stat().st_size for src, _ in files),
         unit="B",
         unit_scale=True,
-        desc="engines+tokenizer",
+        desc=desc,
         disable=not show_progress,
     ) as progress:
         for src, rel in files:
             _link_or_copy(src, root / rel, progress)
+
+
+def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
+    """Write engines, tokenizer, the filled repository and the manifest under root."""
+    copy_files(pack.files(), root, "engines+tokenizer", show_progress)
     if pack.options.get("xgrammar_tokenizer_info_path") == XGRAMMAR_TOKENIZER_INFO:
         write_tokenizer_info(root / TOKENIZER, root / XGRAMMAR_TOKENIZER_INFO)
     fill_repository(root / REPOSITORY, pack.options)

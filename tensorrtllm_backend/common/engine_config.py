@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -46,8 +46,55 @@ class EngineError(ValueError):
     """The engine directory cannot be served; the message says what to fix."""
 
 
-class EngineInfo(BaseModel):
+class PackedSummary(BaseModel):
+    """What engine and checkpoint summaries share: the tp x pp layout of the ranks that serve
+    them, and a flat view for the BentoML model's metadata. Subclasses declare `tp_size`,
+    `pp_size`, `path` and the list of files named by FILES (counted in the metadata)."""
+
+    FILES: ClassVar[str]
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size  # type: ignore[attr-defined]
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat, JSON-friendly summary for the BentoML model's metadata."""
+        data = self.model_dump(mode="json", exclude={"path", self.FILES})
+        data["world_size"] = self.world_size
+        data[self.FILES] = len(getattr(self, self.FILES))
+        return {key: value for key, value in data.items() if value is not None}
+
+
+def read_config_json(
+    directory: Path, what: str, missing: str, error: type[ValueError]
+) -> dict[str, Any]:
+    """The object in `directory`/config.json; `error` says what is wrong with it.
+
+    `what` names the directory in messages ("engine directory"); `missing` is the message when
+    config.json is not there (it says how to point at the right directory).
+    """
+    if not directory.exists():
+        raise error(f"{what} {directory} does not exist")
+    if not directory.is_dir():
+        raise error(f"{directory} is not a directory")
+    path = directory / "config.json"
+    if not path.is_file():
+        raise error(missing)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise error(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object")
+    return data
+
+
+class EngineInfo(PackedSummary):
     """What an engine directory holds, as far as serving it is concerned."""
+
+    FILES = "engine_files"
 
     kind: EngineKind
     path: Path
@@ -67,42 +114,8 @@ class EngineInfo(BaseModel):
     cpu_mode: str | None = None
 
     @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
-
-    @property
     def max_output_len(self) -> int:
         return self.max_seq_len - 1
-
-    def metadata(self) -> dict[str, Any]:
-        """Flat, JSON-friendly summary for the BentoML model's metadata."""
-        data = self.model_dump(mode="json", exclude={"path", "engine_files"})
-        data["world_size"] = self.world_size
-        data["engine_files"] = len(self.engine_files)
-        return {key: value for key, value in data.items() if value is not None}
-
-
-def _read_config(engine_dir: Path) -> dict[str, Any]:
-    if not engine_dir.exists():
-        raise EngineError(f"engine directory {engine_dir} does not exist")
-    if not engine_dir.is_dir():
-        raise EngineError(f"{engine_dir} is not a directory")
-    config_path = engine_dir / "config.json"
-    if not config_path.is_file():
-        raise EngineError(
-            f"{config_path} is missing: point --engine-dir at the output directory of trtllm-build"
-        )
-    try:
-        data = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError) as error:
-        raise EngineError(f"cannot read {config_path}: {error}") from error
-    except json.JSONDecodeError as error:
-        raise EngineError(
-            f"{config_path} is not valid JSON (line {error.lineno}: {error.msg})"
-        ) from error
-    if not isinstance(data, dict):
-        raise EngineError(f"{config_path} must hold a JSON object")
-    return data
 
 
 def _int(section: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -146,7 +159,11 @@ def _check_rank_files(engine_dir: Path, world_size: int) -> list[str]:
     return files
 
 
-def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
+def _inspect_modern(
+    engine_dir: Path, data: dict[str, Any], where: str = "build_config"
+) -> EngineInfo:
+    """Read a config.json of TensorRT-LLM >= 0.9 (or one translated from an older layout, whose
+    limits section errors name as `where`)."""
     pretrained = data.get("pretrained_config") or {}
     build = data.get("build_config") or {}
     if not isinstance(pretrained, dict) or not isinstance(build, dict):
@@ -159,10 +176,10 @@ def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
         raise EngineError(
             f"config.json: mapping.world_size is {declared} but tp_size x pp_size = {tp * pp}"
         )
-    max_input_len = _int(build, "max_input_len", "build_config")
+    max_input_len = _int(build, "max_input_len", where)
     max_seq_len = build.get("max_seq_len")
     if max_seq_len is None and "max_output_len" in build:  # 0.9 wrote max_output_len
-        max_seq_len = max_input_len + _int(build, "max_output_len", "build_config")
+        max_seq_len = max_input_len + _int(build, "max_output_len", where)
     cpu = data.get("cpu_engine")
     kind: EngineKind = "cpu" if isinstance(cpu, dict) else "tensorrt_llm"
     files = [] if kind == "cpu" else _check_rank_files(engine_dir, tp * pp)
@@ -177,10 +194,10 @@ def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
         vocab_size=pretrained.get("vocab_size"),
         tp_size=tp,
         pp_size=pp,
-        max_batch_size=_int(build, "max_batch_size", "build_config"),
+        max_batch_size=_int(build, "max_batch_size", where),
         max_input_len=max_input_len,
-        max_seq_len=_int({"max_seq_len": max_seq_len}, "max_seq_len", "build_config"),
-        max_beam_width=_int(build, "max_beam_width", "build_config", 1),
+        max_seq_len=_int({"max_seq_len": max_seq_len}, "max_seq_len", where),
+        max_beam_width=_int(build, "max_beam_width", where, 1),
         max_num_tokens=build.get("max_num_tokens"),
         lora_enabled=bool(plugins.get("lora_plugin")) or bool(lora_config.get("lora_dir")),
         engine_files=files,
@@ -188,40 +205,54 @@ def _inspect_modern(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
     )
 
 
-def _inspect_legacy(engine_dir: Path, data: dict[str, Any]) -> EngineInfo:
+# The limits of TensorRT-LLM < 0.9's builder_config, under the names build_config uses today.
+_LEGACY_LIMITS = (
+    "max_batch_size",
+    "max_input_len",
+    "max_output_len",
+    "max_beam_width",
+    "max_num_tokens",
+)
+
+
+def _legacy_as_modern(data: dict[str, Any]) -> dict[str, Any]:
+    """A config.json of TensorRT-LLM < 0.9 (builder_config + plugin_config) in today's layout, so
+    one reader serves both. Values whose names change are checked under their old names here."""
     builder = data["builder_config"]
     if not isinstance(builder, dict):
         raise EngineError("config.json: builder_config must be an object")
-    tp = _int(builder, "tensor_parallel", "builder_config", 1)
-    pp = _int(builder, "pipeline_parallel", "builder_config", 1)
-    max_input_len = _int(builder, "max_input_len", "builder_config")
-    max_output_len = _int(builder, "max_output_len", "builder_config")
-    plugins = data.get("plugin_config") or {}
-    return EngineInfo(
-        kind="tensorrt_llm",
-        path=engine_dir,
-        version=builder.get("tensorrt_llm_version") or builder.get("version"),
-        architecture=builder.get("name"),
-        dtype=builder.get("precision"),
-        vocab_size=builder.get("vocab_size"),
-        tp_size=tp,
-        pp_size=pp,
-        max_batch_size=_int(builder, "max_batch_size", "builder_config"),
-        max_input_len=max_input_len,
-        max_seq_len=max_input_len + max_output_len,
-        max_beam_width=_int(builder, "max_beam_width", "builder_config", 1),
-        max_num_tokens=builder.get("max_num_tokens"),
-        lora_enabled=bool(plugins.get("lora_plugin")),
-        engine_files=_check_rank_files(engine_dir, tp * pp),
-    )
+    _int(builder, "max_output_len", "builder_config")  # the sequence length is input + output
+    version = builder.get("tensorrt_llm_version") or builder.get("version")
+    return {
+        **({"version": version} if version else {}),
+        "pretrained_config": {
+            "architecture": builder.get("name"),
+            "dtype": builder.get("precision"),
+            "vocab_size": builder.get("vocab_size"),
+            "mapping": {
+                "tp_size": _int(builder, "tensor_parallel", "builder_config", 1),
+                "pp_size": _int(builder, "pipeline_parallel", "builder_config", 1),
+            },
+        },
+        "build_config": {
+            **{key: value for key, value in builder.items() if key in _LEGACY_LIMITS},
+            "plugin_config": data.get("plugin_config") or {},
+        },
+    }
 
 
 def inspect_engine(engine_dir: Path | str) -> EngineInfo:
     """Read and check an engine directory; raise EngineError naming what is wrong."""
     engine_dir = Path(engine_dir)
-    data = _read_config(engine_dir)
+    data = read_config_json(
+        engine_dir,
+        "engine directory",
+        f"{engine_dir / 'config.json'} is missing: point --engine-dir at the output directory "
+        "of trtllm-build",
+        EngineError,
+    )
     if "builder_config" in data:
-        info = _inspect_legacy(engine_dir, data)
+        info = _inspect_modern(engine_dir, _legacy_as_modern(data), where="builder_config")
     elif "build_config" in data or "pretrained_config" in data:
         info = _inspect_modern(engine_dir, data)
     else:

@@ -1,4 +1,5 @@
-"""Tokenizer helpers shared by the Triton python models and the BentoML service's direct path.
+"""Tokenizer helpers shared by the Triton python models, the BentoML service's direct path and
+pack_model.py.
 
 Framework-free on purpose (numpy + transformers only): the same code runs inside the Triton python
 stub and inside the service process, so both ways through Triton produce the same text.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +25,7 @@ __all__ = [
     "build_embedding_bias",
     "decode",
     "encode_word_lists",
+    "load_checked_tokenizer",
     "load_tokenizer",
 ]
 
@@ -41,6 +44,32 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizer
     )
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_checked_tokenizer(
+    tokenizer_dir: Path,
+    markers: Sequence[str],
+    hint: str,
+    error: type[ValueError],
+) -> PreTrainedTokenizerBase:
+    """Pack time: the tokenizer the service and the models will load, with an end token.
+
+    Raises `error` naming what is missing; `hint` (when no tokenizer file is there) says which
+    option points at the right directory.
+    """
+    if not tokenizer_dir.is_dir():
+        raise error(f"tokenizer directory {tokenizer_dir} does not exist")
+    if not any((tokenizer_dir / name).is_file() for name in markers):
+        raise error(
+            f"no tokenizer in {tokenizer_dir} (expected one of {', '.join(markers)}): {hint}"
+        )
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as exc:  # transformers raises many kinds
+        raise error(f"cannot load the tokenizer in {tokenizer_dir}: {exc}") from exc
+    if tokenizer.eos_token_id is None:
+        raise error(f"the tokenizer in {tokenizer_dir} has no end-of-sequence token")
     return tokenizer
 
 

@@ -42,40 +42,38 @@ class GenerationMetrics:
         import prometheus_client as prom
 
         self.log_requests = load_settings().log_requests  # TRTLLM_LOG_REQUESTS
-        self.time_to_first_token = prom.Histogram(
-            f"{namespace}_time_to_first_token_seconds",
+
+        def metric(kind: Any, name: str, documentation: str, *labels: str, **options: Any) -> Any:
+            return kind(f"{namespace}_{name}", documentation, ["api", *labels], **options)
+
+        self.time_to_first_token = metric(
+            prom.Histogram,
+            "time_to_first_token_seconds",
             "Time from request to its first generated token.",
-            ["api"],
             buckets=_LATENCY_BUCKETS,
         )
-        self.inter_token_latency = prom.Histogram(
-            f"{namespace}_inter_token_latency_seconds",
+        self.inter_token_latency = metric(
+            prom.Histogram,
+            "inter_token_latency_seconds",
             "Time between generated tokens after the first.",
-            ["api"],
             buckets=_LATENCY_BUCKETS,
         )
-        self.request_duration = prom.Histogram(
-            f"{namespace}_request_duration_seconds",
+        self.request_duration = metric(
+            prom.Histogram,
+            "request_duration_seconds",
             "End-to-end generation latency.",
-            ["api"],
             buckets=_E2E_BUCKETS,
         )
-        self.prompt_tokens = prom.Counter(
-            f"{namespace}_prompt_tokens", "Prompt tokens processed.", ["api"]
+        self.prompt_tokens = metric(prom.Counter, "prompt_tokens", "Prompt tokens processed.")
+        self.completion_tokens = metric(prom.Counter, "completion_tokens", "Tokens generated.")
+        self.requests = metric(
+            prom.Counter, "requests", "Finished requests by finish reason.", "finish_reason"
         )
-        self.completion_tokens = prom.Counter(
-            f"{namespace}_completion_tokens", "Tokens generated.", ["api"]
-        )
-        self.requests = prom.Counter(
-            f"{namespace}_requests", "Finished requests by finish reason.", ["api", "finish_reason"]
-        )
-        self.errors = prom.Counter(
-            f"{namespace}_request_errors", "Failed requests by kind.", ["api", "kind"]
-        )
-        self.in_flight = prom.Gauge(
-            f"{namespace}_requests_in_flight",
+        self.errors = metric(prom.Counter, "request_errors", "Failed requests by kind.", "kind")
+        self.in_flight = metric(
+            prom.Gauge,
+            "requests_in_flight",
             "Requests being generated.",
-            ["api"],
             multiprocess_mode="livesum",
         )
 

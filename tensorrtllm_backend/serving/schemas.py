@@ -206,15 +206,8 @@ class GenerationResult:
             log_probs=first.log_probs,
             cum_log_prob=first.cum_log_prob,
             sequences=[
-                GeneratedSequence(
-                    index=s.index,
-                    text=s.text,
-                    finish_reason=s.finish_reason,
-                    completion_tokens=s.completion_tokens,
-                    log_probs=s.log_probs,
-                    cum_log_prob=s.cum_log_prob,
-                )
-                for s in self.sequences
+                GeneratedSequence.model_validate(sequence, from_attributes=True)
+                for sequence in self.sequences
             ]
             if len(self.sequences) > 1
             else None,

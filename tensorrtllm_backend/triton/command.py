@@ -41,6 +41,25 @@ class TritonPorts:
         return f"http://{LOOPBACK}:{self.metrics}/metrics"
 
 
+class TritonEndpoints:
+    """The URLs of a tritonserver at `ports`: a supervisor's own server or, for a worker that
+    shares one, another worker's."""
+
+    ports: TritonPorts
+
+    @property
+    def grpc_url(self) -> str:
+        return self.ports.grpc_url
+
+    @property
+    def http_url(self) -> str:
+        return self.ports.http_url
+
+    @property
+    def metrics_url(self) -> str:
+        return self.ports.metrics_url
+
+
 @dataclass
 class TritonServerConfig:
     model_repository: Path

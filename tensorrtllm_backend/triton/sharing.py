@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from .command import TritonPorts, TritonServerConfig, probe_ready
+from .command import TritonEndpoints, TritonPorts, TritonServerConfig, probe_ready
 from .install import TritonSetupError, TritonStartupError
 from .supervisor import ServerState, TritonSupervisor
 
@@ -52,7 +52,7 @@ def _is_our_tritonserver(pid: int, grpc_port: int) -> bool:
     )
 
 
-class SharedTriton:
+class SharedTriton(TritonEndpoints):
     """The tritonserver of a multi-worker service, as seen from one worker.
 
     Offers what the runtime uses of a :class:`TritonSupervisor` (start, stop, restart,
@@ -88,14 +88,6 @@ class SharedTriton:
     @property
     def owner(self) -> bool:
         return self.supervisor is not None
-
-    @property
-    def grpc_url(self) -> str:
-        return self.ports.grpc_url
-
-    @property
-    def metrics_url(self) -> str:
-        return self.ports.metrics_url
 
     @property
     def state(self) -> ServerState:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .command import (
     LOOPBACK,
+    TritonEndpoints,
     TritonPorts,
     TritonServerConfig,
     build_command,
@@ -73,7 +74,7 @@ class _Run:
     started_at: float = field(default_factory=time.monotonic)
 
 
-class TritonSupervisor:
+class TritonSupervisor(TritonEndpoints):
     """Owns one tritonserver (or one mpirun) for the lifetime of the service."""
 
     def __init__(
@@ -124,18 +125,6 @@ class TritonSupervisor:
         if self._ports is None:
             raise TritonError("tritonserver has not been started")
         return self._ports
-
-    @property
-    def grpc_url(self) -> str:
-        return self.ports.grpc_url
-
-    @property
-    def http_url(self) -> str:
-        return self.ports.http_url
-
-    @property
-    def metrics_url(self) -> str:
-        return self.ports.metrics_url
 
     @property
     def pid(self) -> int | None:

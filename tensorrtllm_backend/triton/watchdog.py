@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 
+@dataclass
 class StallWatchdog:
     """Calls `on_stall(seconds, open streams)` when streams are open but no response has arrived
     for `stall_s`.
@@ -19,17 +21,10 @@ class StallWatchdog:
     stream counts as progress, so one long prefill among running streams is not a stall.
     """
 
-    def __init__(
-        self,
-        progress: Callable[[], tuple[int, int]],
-        on_stall: Callable[[float, int], Awaitable[None]],
-        stall_s: float,
-        interval_s: float = 1.0,
-    ) -> None:
-        self.progress = progress
-        self.on_stall = on_stall
-        self.stall_s = stall_s
-        self.interval_s = interval_s
+    progress: Callable[[], tuple[int, int]]
+    on_stall: Callable[[float, int], Awaitable[None]]
+    stall_s: float
+    interval_s: float = 1.0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

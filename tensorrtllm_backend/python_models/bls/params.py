@@ -6,7 +6,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ...common.tokenization import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _TRUE = {"true", "1", "t", "y", "yes", "on"}
 _FALSE = {"false", "0", "f", "n", "no", "off"}
@@ -92,3 +97,23 @@ def sibling_parameter(model_repository: str, model_name: str, name: str) -> str 
         return None
     value = match.group(1).strip()
     return None if not value or value.startswith("${") else value
+
+
+def model_tokenizer(
+    model_config: dict[str, Any],
+    model_repository: str,
+    model: str,
+    fallback_model: str | None = None,
+) -> PreTrainedTokenizerBase:
+    """The tokenizer named by the model's `tokenizer_dir` parameter, else by `fallback_model`'s.
+
+    NVIDIA's BLS template has no tokenizer_dir: it falls back to the preprocessing model's, so one
+    fill command still configures every model. Unset everywhere is an error naming the model.
+    """
+    tokenizer_dir = model_parameter(model_config, "tokenizer_dir")
+    if tokenizer_dir is None and fallback_model is not None:
+        tokenizer_dir = sibling_parameter(model_repository, fallback_model, "tokenizer_dir")
+    if tokenizer_dir is None:
+        where = f" (neither here nor in the {fallback_model} model)" if fallback_model else ""
+        raise ValueError(f"{model}: parameter tokenizer_dir is not set{where}")
+    return load_tokenizer(resolve_model_path(tokenizer_dir, model_repository))

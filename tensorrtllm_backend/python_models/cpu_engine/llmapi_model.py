@@ -26,6 +26,7 @@ from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, de
 from ..stub_guard import cpu_engine_grace_s, start_orphan_guard, stop_orphan_guard
 from .request import FinishReason, GenRequest, SamplingParams
 from .scheduler import Scheduler
+from .triton_sink import send_response
 
 CONFIG_FILE = "model.yaml"
 DEFAULT_MAX_TOKENS = 32  # the LLM API's SamplingParams default
@@ -112,13 +113,8 @@ class _Response:
                 self._done.set()
             return
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        try:
-            if response is None:
-                self._sender.send(flags=flags)
-            else:
-                self._sender.send(response, flags=flags)
-        except Exception:
-            self.client_gone = True  # cancelled stream: the scheduler drops it at its next poll
+        if not send_response(self._sender, response, flags):
+            self.client_gone = True
 
     def is_cancelled(self) -> bool:
         if self._sender is not None and not self.client_gone:

@@ -40,6 +40,19 @@ def _ns(req: GenRequest) -> tuple[int, int, int, int]:
     return req.arrival_ns, req.first_scheduled_ns, req.first_token_ns, req.last_token_ns
 
 
+def send_response(sender: Any, response: Any, flags: int) -> bool:
+    """Send one response (None: the flags alone) on a response sender; False when the client is
+    gone (a cancelled stream raises), which the scheduler learns at its next poll."""
+    try:
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
+    except Exception:
+        return False
+    return True
+
+
 class ResponseGroup:
     """The response side of one Triton request shared by its sequences."""
 
@@ -186,13 +199,7 @@ class ResponseGroup:
         self._sender_send(response, flags)
 
     def _sender_send(self, response: Any, flags: int) -> None:
-        try:
-            if response is None:
-                self._sender.send(flags=flags)
-            else:
-                self._sender.send(response, flags=flags)
-        except Exception:
-            # The client is gone (cancelled stream): the scheduler drops the sequences next poll.
+        if not send_response(self._sender, response, flags):
             self._client_cancelled = True
 
     def _merged(self) -> Any:

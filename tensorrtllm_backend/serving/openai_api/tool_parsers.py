@@ -1,8 +1,8 @@
 """Tool calls in generated text, for the tool-call formats of the common model families.
 
-A :class:`ToolCallParser` is fed the generated text piece by piece and returns events: content
-text, the start of a call (once its name is complete) and pieces of the call's arguments (the raw
-JSON text as it arrives). A non-streamed answer is the same parser fed the whole text, so streamed
+A :class:`ToolCallParser` is fed the generated text piece by piece and returns events
+(:mod:`.tool_events`): content text, the start of a call (once its name is complete) and pieces
+of the call's arguments (the raw JSON text as it arrives). A non-streamed answer is the same parser fed the whole text, so streamed
 and whole answers agree by construction.
 
 Formats (the call object is ``{"name": ..., "arguments": {...}}``; ``parameters`` is accepted for
@@ -20,25 +20,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
 
-@dataclass(frozen=True, slots=True)
-class ContentDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallStart:
-    index: int
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ArgumentsDelta:
-    index: int
-    text: str
-
-
-Event = ContentDelta | CallStart | ArgumentsDelta
+__all__ = [
+    "FORMATS",
+    "JSON_CALLS",
+    "ArgumentsDelta",
+    "CallStart",
+    "ContentDelta",
+    "Event",
+    "ToolCallFormat",
+    "ToolCallParser",
+    "detect_format",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .tool_parsers import ArgumentsDelta, CallStart, ContentDelta, Event
+from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
 from .tools import CallExtractor, new_call_id
 
 _json = json.dumps

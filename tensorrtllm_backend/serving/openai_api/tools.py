@@ -20,15 +20,8 @@ from typing import Any
 from ..request_errors import RequestError
 from ..schemas import GuidedDecoding
 from .protocol import ChatCompletionRequest, NamedToolChoice, Tool, ToolCall, ToolCallFunction
-from .tool_parsers import (
-    JSON_CALLS,
-    ArgumentsDelta,
-    CallStart,
-    ContentDelta,
-    Event,
-    ToolCallFormat,
-    ToolCallParser,
-)
+from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
+from .tool_parsers import JSON_CALLS, ToolCallFormat, ToolCallParser
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 

@@ -1,37 +1,34 @@
+"""Postprocessing: TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] -> OUTPUT text.
+
+Streaming through the ensemble sends one call per response holding only the new tokens. NVIDIA
+decodes each call in isolation and loses multi-byte characters and spaces at chunk borders.
+Here, when the request carries a request id (Triton forwards the client's id to every ensemble
+step), beam-1 rows keep an IncrementalDetokenizer per (request id, row) in a bounded cache, so
+the concatenated stream equals the non-streamed text. Without a request id the call is decoded
+alone (NVIDIA's behaviour). In both cases a trailing incomplete character is not emitted: the
+model cannot tell the last call of a stream from the others, so it never emits a partial char.
+Exact streaming needs: unique request ids per request and one postprocessing instance (the
+state lives in the instance's process).
+"""
+
+import json
 import os
 import sys
 
-# The Triton python stub may run a different interpreter than the service's venv and ignores
-# PYTHONPATH: the supervisor passes the paths to add (venv site-packages, our package's parent).
-for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep)):
-    if _path and _path not in sys.path:
-        sys.path.insert(0, _path)
+# Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
+sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep))
 
-# Postprocessing: TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] -> OUTPUT text.
-#
-# Streaming through the ensemble sends one call per response holding only the new tokens. NVIDIA
-# decodes each call in isolation and loses multi-byte characters and spaces at chunk borders.
-# Here, when the request carries a request id (Triton forwards the client's id to every ensemble
-# step), beam-1 rows keep an IncrementalDetokenizer per (request id, row) in a bounded cache, so
-# the concatenated stream equals the non-streamed text. Without a request id the call is decoded
-# alone (NVIDIA's behaviour). In both cases a trailing incomplete character is not emitted: the
-# model cannot tell the last call of a stream from the others, so it never emits a partial char.
-# Exact streaming needs: unique request ids per request and one postprocessing instance (the
-# state lives in the instance's process).
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer, load_tokenizer  # noqa: E402
-from tensorrtllm_backend.python_models.bls.detok_cache import DetokenizerCache  # noqa: E402
-from tensorrtllm_backend.python_models.bls.params import (  # noqa: E402
+from tensorrtllm_backend.common.tokenization import IncrementalDetokenizer
+from tensorrtllm_backend.python_models.bls.detok_cache import DetokenizerCache
+from tensorrtllm_backend.python_models.bls.params import (
     model_parameter,
+    model_tokenizer,
     parse_bool,
-    resolve_model_path,
 )
-from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard  # noqa: E402
+from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard
 
 
 class TritonPythonModel:
@@ -40,10 +37,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         self._orphan_guard = start_orphan_guard()  # exits with the stub
         config = json.loads(args["model_config"])
-        tokenizer_dir = model_parameter(config, "tokenizer_dir")
-        if tokenizer_dir is None:
-            raise ValueError("postprocessing: parameter tokenizer_dir is not set")
-        self.tokenizer = load_tokenizer(resolve_model_path(tokenizer_dir, args["model_repository"]))
+        self.tokenizer = model_tokenizer(config, args["model_repository"], "postprocessing")
         self.skip_special_tokens = parse_bool(
             model_parameter(config, "skip_special_tokens"), True, "skip_special_tokens"
         )

@@ -1,36 +1,31 @@
+"""Preprocessing: prompt text and word lists in, the tensorrt_llm model's token tensors out.
+
+Follows NVIDIA's newer preprocessing (c2e65b8) tensor for tensor. Differences on purpose: an
+empty prompt is a per-request error (TensorRT-LLM rejects 0-length input), multimodal inputs are
+rejected with a clear error, and the decoder / prompt-table outputs are only produced when their
+inputs are given (an ensemble step output that is not produced simply leaves the optional
+downstream input unset; checked with tritonserver 2.51).
+"""
+
+import json
 import os
 import sys
 
-# The Triton python stub may run a different interpreter than the service's venv and ignores
-# PYTHONPATH: the supervisor passes the paths to add (venv site-packages, our package's parent).
-for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep)):
-    if _path and _path not in sys.path:
-        sys.path.insert(0, _path)
+# Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
+sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep))
 
-# Preprocessing: prompt text and word lists in, the tensorrt_llm model's token tensors out.
-# Follows NVIDIA's newer preprocessing (c2e65b8) tensor for tensor. Differences on purpose:
-# an empty prompt is a per-request error (TensorRT-LLM rejects 0-length input), multimodal inputs
-# are rejected with a clear error, and the decoder / prompt-table outputs are only produced when
-# their inputs are given (an ensemble step output that is not produced simply leaves the optional
-# downstream input unset; checked with tritonserver 2.51).
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from tensorrtllm_backend.common.tokenization import (  # noqa: E402
-    build_embedding_bias,
-    encode_word_lists,
-    load_tokenizer,
-)
-from tensorrtllm_backend.python_models.bls.params import (  # noqa: E402
+from tensorrtllm_backend.common.tokenization import build_embedding_bias, encode_word_lists
+from tensorrtllm_backend.python_models.bls.params import (
     engine_vocab_size,
     model_parameter,
+    model_tokenizer,
     parse_bool,
     resolve_model_path,
 )
-from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard  # noqa: E402
+from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard
 
 _UNSUPPORTED_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES")
 
@@ -55,10 +50,7 @@ class TritonPythonModel:
         self._orphan_guard = start_orphan_guard()  # exits with the stub
         config = json.loads(args["model_config"])
         repository = args["model_repository"]
-        tokenizer_dir = model_parameter(config, "tokenizer_dir")
-        if tokenizer_dir is None:
-            raise ValueError("preprocessing: parameter tokenizer_dir is not set")
-        self.tokenizer = load_tokenizer(resolve_model_path(tokenizer_dir, repository))
+        self.tokenizer = model_tokenizer(config, repository, "preprocessing")
         self.add_special_tokens = parse_bool(
             model_parameter(config, "add_special_tokens"), True, "add_special_tokens"
         )

@@ -1,40 +1,38 @@
+"""tensorrt_llm on CPU: the stand-in for TensorRT-LLM used when the template is filled with
+triton_backend:python (with triton_backend:tensorrtllm NVIDIA's C++ backend ignores this file).
+
+Same tensors as NVIDIA's backend; tokens come from tensorrtllm_backend.python_models.cpu_engine,
+configured by the CPU engine dir in the `gpt_model_path` parameter (${engine_dir}).
+"""
+
+import json
 import os
 import sys
+import threading
+from pathlib import Path
 
-# The Triton python stub may run a different interpreter than the service's venv and ignores
-# PYTHONPATH: the supervisor passes the paths to add (venv site-packages, our package's parent).
-for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep)):
-    if _path and _path not in sys.path:
-        sys.path.insert(0, _path)
+# Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
+sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep))
 
-# tensorrt_llm on CPU: the stand-in for TensorRT-LLM used when the template is filled with
-# triton_backend:python (with triton_backend:tensorrtllm NVIDIA's C++ backend ignores this file).
-# Same tensors as NVIDIA's backend; tokens come from tensorrtllm_backend.python_models.cpu_engine, configured by
-# the CPU engine dir in the `gpt_model_path` parameter (${engine_dir}).
+import triton_python_backend_utils as pb_utils
 
-import json  # noqa: E402
-import threading  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from tensorrtllm_backend.common.cpu_engine_config import EngineConfig, load_engine_config  # noqa: E402
-from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest  # noqa: E402
-from tensorrtllm_backend.python_models.cpu_engine.scheduler import Backend, Scheduler  # noqa: E402
-from tensorrtllm_backend.python_models.cpu_engine.triton_io import (  # noqa: E402
+from tensorrtllm_backend.common.cpu_engine_config import EngineConfig, load_engine_config
+from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Backend, Scheduler
+from tensorrtllm_backend.python_models.cpu_engine.triton_io import (
     EngineLimits,
     RequestError,
     parse_request,
 )
-from tensorrtllm_backend.python_models.cpu_engine.triton_metrics import MetricsPublisher  # noqa: E402
-from tensorrtllm_backend.python_models.cpu_engine.triton_sink import ResponseGroup  # noqa: E402
-from tensorrtllm_backend.python_models.stub_guard import (  # noqa: E402
+from tensorrtllm_backend.python_models.cpu_engine.triton_metrics import MetricsPublisher
+from tensorrtllm_backend.python_models.cpu_engine.triton_sink import ResponseGroup
+from tensorrtllm_backend.python_models.stub_guard import (
     cpu_engine_grace_s,
     start_orphan_guard,
     stop_orphan_guard,
 )
-from tensorrtllm_backend.serving.guided import GuideCompiler, GuideError  # noqa: E402
-from tensorrtllm_backend.serving.schemas import GuidedDecoding  # noqa: E402
+from tensorrtllm_backend.serving.guided import GuideCompiler, GuideError
+from tensorrtllm_backend.serving.schemas import GuidedDecoding
 
 # Polling is_cancelled() is an IPC round trip per request (measured: every 20 ms cost ~15% of
 # the C=64 token rate), so poll at most this often; a cancelled stream leaves within ~0.1 s.

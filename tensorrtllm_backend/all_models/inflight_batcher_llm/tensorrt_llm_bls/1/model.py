@@ -1,35 +1,32 @@
+"""tensorrt_llm_bls: the ensemble's job in one Python model with BLS calls.
+
+preprocessing (BLS) -> tensorrt_llm (BLS, streamed when the client asks) -> incremental
+detokenization here (no postprocessing hop per token) -> text-level stop strings.
+Each request runs on its own worker thread so one slow stream never blocks the others.
+Cancellation: the python backend of Triton 2.51 cannot cancel a BLS response iterator, so the
+inner request is ended like NVIDIA's BLS does it: a `stop=true` request with its request id.
+"""
+
+import json
 import os
 import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
-# The Triton python stub may run a different interpreter than the service's venv and ignores
-# PYTHONPATH: the supervisor passes the paths to add (venv site-packages, our package's parent).
-for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep)):
-    if _path and _path not in sys.path:
-        sys.path.insert(0, _path)
+# Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
+sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep))
 
-# tensorrt_llm_bls: the ensemble's job in one Python model with BLS calls.
-# preprocessing (BLS) -> tensorrt_llm (BLS, streamed when the client asks) -> incremental
-# detokenization here (no postprocessing hop per token) -> text-level stop strings.
-# Each request runs on its own worker thread so one slow stream never blocks the others.
-# Cancellation: the python backend of Triton 2.51 cannot cancel a BLS response iterator, so the
-# inner request is ended like NVIDIA's BLS does it: a `stop=true` request with its request id.
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-import json  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from tensorrtllm_backend.common.tokenization import load_tokenizer  # noqa: E402
-from tensorrtllm_backend.python_models.bls.params import (  # noqa: E402
+from tensorrtllm_backend.python_models.bls.params import (
     model_parameter,
+    model_tokenizer,
     parse_bool,
-    resolve_model_path,
     sibling_parameter,
 )
-from tensorrtllm_backend.python_models.bls.pipeline import (  # noqa: E402
+from tensorrtllm_backend.python_models.bls.pipeline import (
     CLIENT_TO_ENGINE,
     PREPROCESSED_TO_ENGINE,
     PREPROCESSING_INPUTS,
@@ -39,7 +36,7 @@ from tensorrtllm_backend.python_models.bls.pipeline import (  # noqa: E402
     UNSUPPORTED_INPUTS,
     TextStream,
 )
-from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard  # noqa: E402
+from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard
 
 PREPROCESSING_MODEL = "preprocessing"
 CANCEL_POLL_INTERVAL_S = 0.05  # is_cancelled() is an IPC round trip: not on every token
@@ -90,16 +87,9 @@ class TritonPythonModel:
         )
         if model_parameter(self.model_config, "tensorrt_llm_draft_model_name"):
             raise ValueError("tensorrt_llm_bls: speculative decoding (draft model) is unsupported")
-        # NVIDIA's BLS template has no tokenizer_dir: default to the preprocessing model's.
-        tokenizer_dir = model_parameter(self.model_config, "tokenizer_dir") or sibling_parameter(
-            repository, PREPROCESSING_MODEL, "tokenizer_dir"
+        self.tokenizer = model_tokenizer(
+            self.model_config, repository, "tensorrt_llm_bls", fallback_model=PREPROCESSING_MODEL
         )
-        if tokenizer_dir is None:
-            raise ValueError(
-                "tensorrt_llm_bls: no tokenizer_dir (neither a parameter of this model nor of "
-                f"the {PREPROCESSING_MODEL} model)"
-            )
-        self.tokenizer = load_tokenizer(resolve_model_path(tokenizer_dir, repository))
         skip = model_parameter(self.model_config, "skip_special_tokens") or sibling_parameter(
             repository, "postprocessing", "skip_special_tokens"
         )

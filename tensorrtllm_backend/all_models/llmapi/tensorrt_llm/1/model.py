@@ -16,11 +16,8 @@ import importlib.util
 import os
 import sys
 
-# The Triton python stub may run a different interpreter than the service's venv and ignores
-# PYTHONPATH: the supervisor passes the paths to add (venv site-packages, our package's parent).
-for _path in reversed(os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep)):
-    if _path and _path not in sys.path:
-        sys.path.insert(0, _path)
+# Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
+sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep))
 
 NVIDIA_MODEL_PY_ENV = "TRTLLM_LLMAPI_MODEL_PY"
 IMPL_ENV = "TRTLLM_LLMAPI_IMPL"
