@@ -49,7 +49,7 @@ def compiler(demo_tokenizer):
 
 @pytest.fixture(scope="module")
 def scheduler(demo_checkpoint):
-    sched = Scheduler(HFBackend(demo_checkpoint, num_threads=1), max_batch_size=16)
+    sched = Scheduler(HFBackend(demo_checkpoint, num_threads=1, device="cpu"), max_batch_size=16)
     sched.start()
     yield sched
     sched.stop()

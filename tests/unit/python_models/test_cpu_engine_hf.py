@@ -27,7 +27,7 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def backend(demo_checkpoint):
-    return HFBackend(demo_checkpoint, num_threads=1)
+    return HFBackend(demo_checkpoint, num_threads=1, device="cpu")  # GPU hosts too: CPU figures
 
 
 @pytest.fixture
