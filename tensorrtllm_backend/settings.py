@@ -27,8 +27,9 @@ PORT_ENVS = (GRPC_PORT_ENV, HTTP_PORT_ENV, METRICS_PORT_ENV)
 SHARED_DIR_ENV = "TRTLLM_SHARED_DIR"
 BACKEND_PYTHONPATH_ENV = "TRTLLM_BACKEND_PYTHONPATH"
 
-# Read by the Triton python models, inside Triton's stubs (another process, before our package
-# can be imported there); the supervisor passes the environment on.
+# Read inside Triton's python stubs (another process), in python_models/stub_settings.py, and
+# TRTLLM_BACKEND_PYTHONPATH by each model.py before our package can be imported there; the
+# supervisor passes the environment on.
 STUB_VARIABLES = (
     BACKEND_PYTHONPATH_ENV,
     "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S",

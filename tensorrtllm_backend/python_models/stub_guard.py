@@ -29,15 +29,6 @@ done
 """
 
 
-ORPHAN_GRACE_ENV = "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S"
-
-
-def cpu_engine_grace_s() -> float:
-    """How long a CPU engine's stub may take to exit by itself once tritonserver is gone (tests
-    shorten it). Read here, inside the stub: the service's settings are another process's."""
-    return float(os.environ.get(ORPHAN_GRACE_ENV) or 10)
-
-
 def start_orphan_guard(grace_s: float = 10.0) -> subprocess.Popen[bytes] | None:
     """Start the guard for the current process (the stub); None where it cannot run."""
     shell = shutil.which("sh") or "/bin/sh"

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tensorrtllm_backend.python_models import stub_settings
 from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
 from tensorrtllm_backend.settings import (
+    BACKEND_PYTHONPATH_ENV,
     PREFIX,
     STUB_VARIABLES,
     Settings,
@@ -29,6 +31,15 @@ def _readme_variables() -> set[str]:
 def test_the_readme_documents_every_variable_and_no_other() -> None:
     known = {env_name(field) for field in Settings.model_fields} | set(STUB_VARIABLES)
     assert _readme_variables() == known
+
+
+def test_the_stubs_read_what_the_settings_list() -> None:
+    read_in_stubs = {
+        value
+        for name, value in vars(stub_settings).items()
+        if name.endswith("_ENV") and isinstance(value, str)
+    }
+    assert read_in_stubs | {BACKEND_PYTHONPATH_ENV} == set(STUB_VARIABLES)
 
 
 def test_the_tool_parser_names_are_the_parsers() -> None:

@@ -23,7 +23,8 @@ import triton_python_backend_utils as pb_utils
 import yaml
 
 from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, decode, load_tokenizer
-from ..stub_guard import cpu_engine_grace_s, start_orphan_guard, stop_orphan_guard
+from ..stub_guard import start_orphan_guard, stop_orphan_guard
+from ..stub_settings import cpu_engine_grace_s
 from .request import FinishReason, GenRequest, SamplingParams
 from .scheduler import Scheduler
 from .triton_sink import send_response

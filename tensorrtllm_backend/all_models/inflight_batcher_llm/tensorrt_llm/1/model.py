@@ -27,10 +27,10 @@ from tensorrtllm_backend.python_models.cpu_engine.triton_io import (
 from tensorrtllm_backend.python_models.cpu_engine.triton_metrics import MetricsPublisher
 from tensorrtllm_backend.python_models.cpu_engine.triton_sink import ResponseGroup
 from tensorrtllm_backend.python_models.stub_guard import (
-    cpu_engine_grace_s,
     start_orphan_guard,
     stop_orphan_guard,
 )
+from tensorrtllm_backend.python_models.stub_settings import cpu_engine_grace_s
 from tensorrtllm_backend.serving.guided import GuideCompiler, GuideError
 from tensorrtllm_backend.serving.schemas import GuidedDecoding
 
