@@ -42,7 +42,7 @@ from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings, worker_count
+from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
 from tensorrtllm_backend.settings import load_settings
@@ -51,7 +51,7 @@ from tensorrtllm_backend.triton.install import TritonSetupError
 logger = logging.getLogger("bentoml.trtllm")
 
 MODEL_TAG = model_tag()
-WORKERS = worker_count()
+WORKERS = load_settings().workers
 share_triton_ports(WORKERS)  # in `bentoml serve`'s own process, before it starts the workers
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
 log_server_errors_once()

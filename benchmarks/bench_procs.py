@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tensorrtllm_backend.serving.runtime import engine_instances
+from tensorrtllm_backend.settings import load_settings
 from tensorrtllm_backend.triton.command import TritonServerConfig, find_free_port
 from tensorrtllm_backend.triton.localize import localize_repository
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
@@ -180,7 +180,7 @@ class Processes:
     def start_triton(self, model: PackedModel, label: str) -> TritonSupervisor:
         repository = localize_repository(
             model.root / "model_repository", self.work_dir / f"repo-{label}", model.root,
-            engine_instances=engine_instances(),
+            engine_instances=load_settings().engine_instances,
         )  # fmt: skip
         supervisor = TritonSupervisor(
             TritonServerConfig(

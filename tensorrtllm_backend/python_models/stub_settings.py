@@ -27,7 +27,8 @@ def llmapi_impl() -> str:
     importable), nvidia or cpu."""
     choice = os.environ.get(LLMAPI_IMPL_ENV, "").strip().lower() or "auto"
     if choice not in LLMAPI_IMPLS:
-        raise RuntimeError(f"{LLMAPI_IMPL_ENV}={choice!r}: use auto, nvidia or cpu")
+        *others, last = LLMAPI_IMPLS
+        raise RuntimeError(f"{LLMAPI_IMPL_ENV}={choice!r}: use {', '.join(others)} or {last}")
     return choice
 
 

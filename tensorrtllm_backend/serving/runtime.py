@@ -32,17 +32,6 @@ from .routes import ROUTE_MODELS, Route
 logger = logging.getLogger(__name__)
 
 
-def worker_count() -> int:
-    """HTTP worker processes (TRTLLM_WORKERS, default 1); they share one tritonserver."""
-    return load_settings().workers
-
-
-def engine_instances() -> int | None:
-    """Instances of the CPU stand-in's tensorrt_llm model (TRTLLM_ENGINE_INSTANCES); None when
-    unset: the stored repository's count (1). TensorRT-LLM engines ignore it."""
-    return load_settings().engine_instances
-
-
 @dataclass(frozen=True)
 class RuntimeSettings:
     """Knobs read from the environment (documented in the README)."""

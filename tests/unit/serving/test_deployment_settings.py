@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tensorrtllm_backend.serving.deployment import REQUEST_TIMEOUT_S, traffic
-from tensorrtllm_backend.serving.runtime import RuntimeSettings, engine_instances
+from tensorrtllm_backend.serving.runtime import RuntimeSettings
+from tensorrtllm_backend.settings import load_settings
 
 ABSENT = "no-such-model:latest"  # not in the store: no engine metadata to size from
 
@@ -53,9 +54,9 @@ def test_bad_traffic_settings_say_what_to_fix(
 
 def test_engine_instances_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRTLLM_ENGINE_INSTANCES", raising=False)
-    assert engine_instances() is None
+    assert load_settings().engine_instances is None
     monkeypatch.setenv("TRTLLM_ENGINE_INSTANCES", "8")
     assert RuntimeSettings.from_env().engine_instances == 8
     monkeypatch.setenv("TRTLLM_ENGINE_INSTANCES", "-2")
     with pytest.raises(ValueError, match="TRTLLM_ENGINE_INSTANCES"):
-        engine_instances()
+        load_settings()

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend.serving.deployment import share_triton_ports
-from tensorrtllm_backend.serving.runtime import worker_count
-from tensorrtllm_backend.settings import PORT_ENVS, SHARED_DIR_ENV
+from tensorrtllm_backend.settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
 from tensorrtllm_backend.triton.command import LOOPBACK, TritonServerConfig, port_free
 from tensorrtllm_backend.triton.sharing import SharedTriton, shared_paths
 
@@ -20,7 +19,7 @@ from tensorrtllm_backend.triton.sharing import SharedTriton, shared_paths
 @pytest.mark.parametrize(("value", "expected"), [("", 1), ("1", 1), (" 4 ", 4)])
 def test_worker_count(monkeypatch: pytest.MonkeyPatch, value: str, expected: int) -> None:
     monkeypatch.setenv("TRTLLM_WORKERS", value)
-    assert worker_count() == expected
+    assert load_settings().workers == expected
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
@@ -29,7 +28,7 @@ def test_worker_count_rejects_what_is_not_a_count(
 ) -> None:
     monkeypatch.setenv("TRTLLM_WORKERS", value)
     with pytest.raises(ValueError, match="TRTLLM_WORKERS"):
-        worker_count()
+        load_settings()
 
 
 @pytest.fixture
