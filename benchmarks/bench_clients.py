@@ -170,6 +170,47 @@ class GrpcDirect:
         return record
 
 
+class GrpcEnsemble:
+    """Text through NVIDIA's `ensemble` over gRPC, as a client of Triton's own API sends it (the
+    same channel and call as GrpcDirect): one token per streamed response, the text checked
+    against the ensemble's reference answer. No request id, as that reference was taken: the
+    postprocessing then decodes each response alone, NVIDIA's own behaviour."""
+
+    def __init__(self, url: str, max_tokens: int) -> None:
+        self.client = TritonLLMClient(url)
+        self.max_tokens = max_tokens
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        tensors = {
+            "text_input": np.array([[prompt.text.encode()]], dtype=np.object_),
+            "max_tokens": np.array([[self.max_tokens]], dtype=np.int32),
+            "stream": np.array([[True]], dtype=np.bool_),
+            "end_id": np.array([[NO_END_ID]], dtype=np.int32),
+        }
+        record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
+        parts: list[str] = []
+        try:
+            async for result in self.client.stream("ensemble", tensors, ("text_output",), ""):
+                output = result.as_numpy("text_output")
+                text = output.reshape(-1)[0].decode("utf-8", "replace") if output.size else ""
+                if text:
+                    now = time.perf_counter()
+                    record.first_output = record.first_output or now
+                    record.last_output = now
+                    parts.append(text)
+        except Exception as error:
+            record.error = _error_text(error)
+        record.end = time.perf_counter()
+        if record.error is None:
+            record.tokens, record.short, record.mismatch = judge_text(
+                "".join(parts), prompt.expected_text("ensemble"), self.max_tokens, len(parts)
+            )
+        return record
+
+
 # -- HTTP streaming clients -------------------------------------------------------------------
 def http_client(concurrency: int) -> aiohttp.ClientSession:
     """The load generator shares the machine's cores with the servers it measures, so it must be

@@ -144,15 +144,16 @@ class Processes:
         }
 
     # -- pack_model ---------------------------------------------------------------------------
-    def pack(self, *args: str, name: str) -> PackedModel:
-        """Run pack_model.py as the CLI it is (imports included in the time)."""
+    def pack(self, *args: str, name: str, root: Path = ROOT) -> PackedModel:
+        """Run pack_model.py as the CLI it is (imports included in the time); `root`: the
+        checkout whose pack_model.py runs."""
         log_path = self.logs / f"pack-{name}.log"
         started = time.perf_counter()
         with log_path.open("wb") as log:
             code = subprocess.call(
-                [sys.executable, str(ROOT / "pack_model.py"), *args, "--name", name,
+                [sys.executable, str(root / "pack_model.py"), *args, "--name", name,
                  "--no-progress"],
-                cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                cwd=root, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         elapsed = time.perf_counter() - started
         output = _log_tail(log_path)
