@@ -27,18 +27,18 @@ from pathlib import Path
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tensorrtllm_backend.build.packing import (
+from tensorrtllm_backend.common.engine_config import (
+    EngineError,
+    check_runtime_compatibility,
+    runtime_version_for_image,
+)
+from tensorrtllm_backend.packing.engine_packing import (
     PackError,
     PackPlan,
     StorablePlan,
     plan,
     staging_dir,
     store,
-)
-from tensorrtllm_backend.common.engine_config import (
-    EngineError,
-    check_runtime_compatibility,
-    runtime_version_for_image,
 )
 from tensorrtllm_backend.settings import load_settings
 
@@ -233,7 +233,7 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
     if limits["max_seq_len"] <= limits["max_input_len"]:
         raise PackError("--max-seq-len must be larger than --max-input-len")
     if args.demo:
-        from tensorrtllm_backend.build.demo import build_demo_checkpoint
+        from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
         checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
         source = "demo"
@@ -250,7 +250,7 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
     tokenizer_dir = args.tokenizer_dir or checkpoint
     if tokenizer_dir is None:
         # The synthetic engine emits ids only; the demo tokenizer turns them into text.
-        from tensorrtllm_backend.build.demo import build_demo_checkpoint
+        from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
         tokenizer_dir = build_demo_checkpoint(scratch / "demo-checkpoint")
     if not Path(tokenizer_dir).is_dir():
@@ -344,9 +344,9 @@ def _store_unless_dry_run(
 
 def run_llmapi(args: argparse.Namespace) -> str | None:
     """--workflow llmapi: validate the checkpoint, then store it with the llmapi repository."""
-    from tensorrtllm_backend.build.llmapi_packing import describe_llmapi, plan_llmapi
-    from tensorrtllm_backend.build.llmapi_repository import parse_llm_args
     from tensorrtllm_backend.common.model_repository import TemplateError
+    from tensorrtllm_backend.packing.llmapi_packing import describe_llmapi, plan_llmapi
+    from tensorrtllm_backend.packing.llmapi_repository import parse_llm_args
 
     try:
         llm_args = parse_llm_args(args.llm_arg)
@@ -355,7 +355,7 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
     _check_llmapi_image(args)
     with staging_dir("pack-model-") as scratch:
         if args.demo:
-            from tensorrtllm_backend.build.demo import build_demo_checkpoint
+            from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
             checkpoint, source = build_demo_checkpoint(scratch / "demo-checkpoint"), "demo"
         else:

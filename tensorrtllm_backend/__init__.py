@@ -2,7 +2,7 @@
 
 The subpackages are grouped by the process that runs them:
 
-- ``build/``          pack time (`pack_model.py`, `python -m tensorrtllm_backend.build.fill_template`):
+- ``packing/``        pack time (`pack_model.py`, `python -m tensorrtllm_backend.packing.fill_template`):
                       engine / checkpoint inspection, template filling, the model-store writer.
 - ``serving/``        the BentoML worker, API side: schemas, the one generation path, route
                       objects, the native and OpenAI adapters, errors, limits, metrics.
@@ -10,9 +10,23 @@ The subpackages are grouped by the process that runs them:
                       supervising it, sharing it between workers, the gRPC client.
 - ``python_models/``  inside Triton's python stubs: helpers of the pre/post-processing and BLS
                       models, the stub guard, and the CPU stand-in engine.
-- ``common/``         small modules more than one of those processes imports (tokenization,
-                      the engine config reader, the CPU engine's directory format, LoRA files).
+- ``common/``         small modules more than one layer imports (tokenization, guides, the
+                      engine config reader, the engine interface, the CPU engine's directory
+                      format, LoRA files).
 - ``all_models/``     the Triton model-repository templates; their `model.py` files run in the
-                      stubs and only import from ``python_models/`` and ``common/``.
+                      stubs.
 - ``settings.py``     every `TRTLLM_*` variable, read in one place.
+
+Each layer imports only itself and the layers :data:`ALLOWED_IMPORTS` names for it, so that code
+running inside Triton's stubs never pulls in the worker's (tests/unit/test_layers.py checks it).
 """
+
+ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
+    "packing": frozenset({"common", "settings"}),
+    "serving": frozenset({"common", "triton", "settings"}),
+    "triton": frozenset({"common", "settings"}),
+    "python_models": frozenset({"common"}),
+    "all_models": frozenset({"python_models", "common"}),
+    "common": frozenset(),
+    "settings": frozenset(),
+}

@@ -2,6 +2,6 @@
 (:mod:`.generation`), the route objects that speak each Triton model's tensors (:mod:`.routes`),
 the native and OpenAI adapters, errors, request limits and metrics.
 
-It reaches Triton only through the engine interface in :mod:`.engine_api`; :mod:`.runtime`
+It reaches Triton only through the engine interface in :mod:`..common.engine_api`; :mod:`.runtime`
 wires in the gRPC client and the supervised tritonserver from ``triton/``.
 """

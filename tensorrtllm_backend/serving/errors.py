@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .engine_api import EngineModelError, EngineUnavailableError
+from ..common.engine_api import EngineModelError, EngineUnavailableError
 from .metrics import generation_metrics
 from .request_errors import RequestError
 

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
+from ..common.engine_api import DRAIN_RESPONSES, EngineModelError, InferenceEngine
 from ..common.engine_config import EngineInfo
+from ..common.guides import GuideCompiler, GuideError, check_guide_text
 from ..common.lora import LoraAdapter, LoraRegistry
 from ..common.tokenization import StopStringMatcher
-from .engine_api import DRAIN_RESPONSES, EngineModelError, InferenceEngine
-from .guided import GuideCompiler, GuideError, check_guide_text
 from .metrics import GenerationMetrics
 from .request_errors import RequestError
 from .routes import Decoder, EngineRoute, Route, make_route

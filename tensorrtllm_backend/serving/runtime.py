@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.engine_config import EngineInfo, inspect_engine
+from ..common.guides import GuideCompiler
 from ..common.lora import LoraRegistry
 from ..common.model_repository import CONFIG_NAME, TemplateError, parse_config
 from ..common.model_store import ENGINES, REPOSITORY, TOKENIZER, read_manifest
@@ -25,7 +26,6 @@ from ..triton.sharing import SharedTriton
 from ..triton.supervisor import ServerState, TritonSupervisor
 from ..triton.watchdog import StallWatchdog
 from .generation import EngineLimits, Generator
-from .guided import GuideCompiler
 from .metrics import generation_metrics
 from .routes import ROUTE_MODELS, Route
 

@@ -31,7 +31,7 @@ from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import np_to_triton_dtype
 
-from ..serving.engine_api import (
+from ..common.engine_api import (
     DRAIN_RESPONSES,
     DRAIN_TIMEOUT_S,
     EngineError,
@@ -131,7 +131,7 @@ async def _drain(
 
 class TritonLLMClient:
     """Async streaming inference against one tritonserver, shared by all requests: the
-    :class:`~.engine_api.InferenceEngine` of the service, over gRPC."""
+    :class:`~..common.engine_api.InferenceEngine` of the service, over gRPC."""
 
     def __init__(self, url: str, on_dead_instance: Callable[[str], None] | None = None) -> None:
         self.url = url

@@ -51,7 +51,7 @@ def synthetic_model() -> str:
 def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo Llama checkpoint (built locally), read-only: tests that need a model root next
     to it link it in."""
-    from tensorrtllm_backend.build.demo import build_demo_checkpoint
+    from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
     return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "checkpoint")
 

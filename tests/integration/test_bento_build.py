@@ -70,7 +70,7 @@ def test_bento_source_has_service_and_templates(built_bento: bentoml.Bento) -> N
     for model in ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
         assert (templates / model / "1" / "model.py").is_file(), model
     assert (templates / "ensemble" / "1").is_dir()  # Triton needs the version folder
-    assert (src / "tensorrtllm_backend" / "build" / "corpus.txt").is_file()
+    assert (src / "tensorrtllm_backend" / "packing" / "corpus.txt").is_file()
     assert not (src / "tests").exists()
     assert not list(src.rglob("__pycache__"))
     assert not list(src.rglob(".venv"))

@@ -24,11 +24,11 @@ grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import InferInput, InferRequestedOutput  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tensorrtllm_backend.build.demo import build_demo_checkpoint  # noqa: E402
-from tensorrtllm_backend.build.repository import fill_repository  # noqa: E402
 from tensorrtllm_backend.common.cpu_engine_config import write_engine_dir  # noqa: E402
+from tensorrtllm_backend.common.engine_api import EngineModelError, EngineUnavailableError  # noqa: E402
+from tensorrtllm_backend.packing.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.packing.repository import fill_repository  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens  # noqa: E402
-from tensorrtllm_backend.serving.engine_api import EngineModelError, EngineUnavailableError  # noqa: E402
 from tensorrtllm_backend.triton.client import TritonLLMClient  # noqa: E402
 from tensorrtllm_backend.triton.command import TritonServerConfig  # noqa: E402
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor  # noqa: E402

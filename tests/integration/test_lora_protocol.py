@@ -18,8 +18,8 @@ import psutil
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.common.lora import LORAS, LoraRegistry
+from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.routes import Route
 from tensorrtllm_backend.serving.schemas import SamplingParams

@@ -25,9 +25,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tritonclient.grpc.aio as grpcclient
 
-from tensorrtllm_backend.build.repository import fill_repository
 from tensorrtllm_backend.common.cpu_engine_config import write_engine_dir
 from tensorrtllm_backend.common.tokenization import decode
+from tensorrtllm_backend.packing.repository import fill_repository
 from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor

@@ -11,7 +11,7 @@ import pytest
 def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo Hugging Face checkpoint (tokenizer + tiny Llama), built once and read-only: it
     doubles as a tokenizer dir. Tests that need a variant copy it."""
-    from tensorrtllm_backend.build.demo import build_demo_checkpoint
+    from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
     return build_demo_checkpoint(tmp_path_factory.mktemp("demo") / "checkpoint")
 

@@ -11,7 +11,7 @@ Modules, one job each:
   triton_sink.py   scheduler events -> pb_utils responses (decoupled or merged)
   triton_metrics.py  scheduler counters as Triton custom metrics
   llmapi_model.py  the llmapi workflow's stand-in (text in, text out)
-(the demo checkpoint is built at pack time: build/demo.py)
+(the demo checkpoint is built at pack time: packing/demo.py)
 
 Nothing heavy is imported here, so `import tensorrtllm_backend.python_models.cpu_engine` stays cheap.
 """

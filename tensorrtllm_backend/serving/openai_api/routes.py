@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine_api import EngineModelError, EngineUnavailableError
+from ...common.engine_api import EngineModelError, EngineUnavailableError
 from ..metrics import generation_metrics
 from ..streaming import coalesce, join_text
 from .protocol import (

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorrtllm_backend.build.packing import PackError, _check_loras
 from tensorrtllm_backend.common.engine_config import EngineInfo
 from tensorrtllm_backend.common.lora import (
     CONFIG_FILE,
@@ -19,6 +18,7 @@ from tensorrtllm_backend.common.lora import (
     check_adapter_dir,
     task_id_for,
 )
+from tensorrtllm_backend.packing.engine_packing import PackError, _check_loras
 from tensorrtllm_backend.serving.routes.direct import TokenIds, direct_tensors
 from tensorrtllm_backend.serving.routes.text import text_tensors
 from tensorrtllm_backend.serving.schemas import SamplingParams

@@ -9,11 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorrtllm_backend.build.demo import DEMO_SIZES, build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.common.cpu_engine_config import (  # noqa: E402
     load_engine_config,
     write_engine_dir,
 )
+from tensorrtllm_backend.packing.demo import DEMO_SIZES, build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend, resolve_device  # noqa: E402
 
 

@@ -15,11 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
+from tensorrtllm_backend.common.guides import Guide, GuideCompiler  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, SamplingParams  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler  # noqa: E402
-from tensorrtllm_backend.serving.guided import GuideCompiler  # noqa: E402
-from tensorrtllm_backend.serving.schemas import GuidedDecoding  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -56,7 +55,7 @@ def scheduler(demo_checkpoint):
 
 
 def guided_request(tokenizer, compiler, kind, guide, max_new_tokens=300, **kwargs):
-    grammar = compiler.compile(GuidedDecoding(type=kind, guide=guide))
+    grammar = compiler.compile(Guide(kind, guide))
     prompt = tokenizer.encode("Today's weather, as JSON:")
     return make_request(
         prompt, max_new_tokens, end_id=END, grammar=grammar, guided=(kind, guide), **kwargs
@@ -84,7 +83,7 @@ def test_schema_output_validates_and_ends_on_the_end_token(
 
 
 def test_one_matcher_per_sequence(scheduler, demo_tokenizer, compiler) -> None:
-    grammar = compiler.compile(GuidedDecoding(type="json_schema", guide=json.dumps(SCHEMA)))
+    grammar = compiler.compile(Guide("json_schema", json.dumps(SCHEMA)))
     prompt = demo_tokenizer.encode("Weather:")
     pairs = make_sequences(prompt, 300, 4, end_id=END, grammar=grammar, sampling=SAMPLED)
     run_to_end(scheduler, pairs)

@@ -11,7 +11,7 @@ from cpu_engine_helpers import make_request, make_sequences, run_to_end
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from tensorrtllm_backend.build.demo import build_demo_checkpoint  # noqa: E402
+from tensorrtllm_backend.packing.demo import build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.request import SamplingParams  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler  # noqa: E402

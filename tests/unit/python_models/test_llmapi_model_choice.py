@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from tensorrtllm_backend.build.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
+from tensorrtllm_backend.packing.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
 
 MODEL_PY = TEMPLATES_DIR / MODEL_NAME / "1" / "model.py"
 

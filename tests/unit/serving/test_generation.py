@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.routes import Route

@@ -1,4 +1,4 @@
-"""Guide checks and the compile cache (tensorrtllm_backend.serving.guided), and the guide tensors each
+"""Guide checks and the compile cache (tensorrtllm_backend.common.guides), and the guide tensors each
 route sends. The tokenizer is the demo model's, trained locally."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.common.guides import GuideCompiler, GuideError, check_guide_text
+from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
-from tensorrtllm_backend.serving.guided import GuideCompiler, GuideError, check_guide_text
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.routes import Route
 from tensorrtllm_backend.serving.schemas import GuidedDecoding, SamplingParams

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.build.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.serving.engine_api import InferenceEngine
+from tensorrtllm_backend.common.engine_api import InferenceEngine
+from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
-from tensorrtllm_backend.serving.guided import check_guide_text
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.openai_api.tools import plan_tools
 from tensorrtllm_backend.serving.request_errors import RequestError
@@ -78,15 +77,17 @@ async def test_the_grpc_client_is_an_inference_engine() -> None:
     assert isinstance(TritonLLMClient("127.0.0.1:1"), InferenceEngine)
 
 
-def _llmapi_refusal() -> None:
+def _llmapi_refusal(tokenizer) -> None:
     check_request(SamplingParams(min_tokens=2), None)
 
 
-def _guide_refusal() -> None:
-    check_guide_text(GuidedDecoding(type="regex"))
+def _guide_refusal(tokenizer) -> None:
+    """The guide checks live in common/ (the engine runs them too); the generator answers them."""
+    generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS)
+    generator.prepare("The fox", SamplingParams(guided_decoding=GuidedDecoding(type="regex")))
 
 
-def _tool_refusal() -> None:
+def _tool_refusal(tokenizer) -> None:
     request = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}
     )
@@ -101,8 +102,8 @@ def _tool_refusal() -> None:
         (_tool_refusal, "tool_choice"),
     ],
 )
-def test_service_side_refusals_are_request_errors(refuse, param: str) -> None:
+async def test_service_side_refusals_are_request_errors(refuse, param: str, tokenizer) -> None:
     with pytest.raises(RequestError) as caught:
-        refuse()
+        refuse(tokenizer)
     assert caught.value.status == 400
     assert caught.value.param == param

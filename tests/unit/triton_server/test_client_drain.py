@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tensorrtllm_backend.common.engine_api import DRAIN_RESPONSES, EngineError
 from tensorrtllm_backend.common.tokenization import StopStringMatcher
-from tensorrtllm_backend.serving.engine_api import DRAIN_RESPONSES, EngineError
 from tensorrtllm_backend.serving.generation import Generator, _Sequence
 from tensorrtllm_backend.triton.client import TritonLLMClient
 

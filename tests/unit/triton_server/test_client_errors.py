@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorrtllm_backend.serving.engine_api import (
+from tensorrtllm_backend.common.engine_api import (
     EngineInstanceDeadError,
     EngineModelError,
     EngineUnavailableError,

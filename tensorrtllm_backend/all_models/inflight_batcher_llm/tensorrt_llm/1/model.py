@@ -17,6 +17,7 @@ sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").spli
 import triton_python_backend_utils as pb_utils
 
 from tensorrtllm_backend.common.cpu_engine_config import EngineConfig, load_engine_config
+from tensorrtllm_backend.common.guides import Guide, GuideCompiler, GuideError
 from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Backend, Scheduler
 from tensorrtllm_backend.python_models.cpu_engine.triton_io import (
@@ -31,8 +32,6 @@ from tensorrtllm_backend.python_models.stub_guard import (
     stop_orphan_guard,
 )
 from tensorrtllm_backend.python_models.stub_settings import cpu_engine_grace_s
-from tensorrtllm_backend.serving.guided import GuideCompiler, GuideError
-from tensorrtllm_backend.serving.schemas import GuidedDecoding
 
 # Polling is_cancelled() is an IPC round trip per request (measured: every 20 ms cost ~15% of
 # the C=64 token rate), so poll at most this often; a cancelled stream leaves within ~0.1 s.
@@ -116,8 +115,7 @@ class _EngineGuides:
         if self._compiler is None:
             raise RequestError(self._error or "guided decoding is unavailable")
         try:
-            guide = GuidedDecoding(type=guided[0], guide=guided[1])  # type: ignore[arg-type]
-            return self._compiler.compile(guide)
+            return self._compiler.compile(Guide(*guided))
         except (GuideError, ValueError) as exc:
             raise RequestError(str(exc)) from None
 

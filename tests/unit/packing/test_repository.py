@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.build.repository import (
+from tensorrtllm_backend.common.model_repository import PATH_PARAMETERS, TemplateError, parse_config
+from tensorrtllm_backend.packing.repository import (
     DEFAULTS,
     MODEL_NAMES,
     TEMPLATES_DIR,
@@ -17,7 +18,6 @@ from tensorrtllm_backend.build.repository import (
     placeholders,
     template_placeholders,
 )
-from tensorrtllm_backend.common.model_repository import PATH_PARAMETERS, TemplateError, parse_config
 from tensorrtllm_backend.triton.localize import localize_repository
 
 TRT = (TEMPLATES_DIR / "tensorrt_llm" / "config.pbtxt").read_text()

@@ -15,10 +15,8 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
-
-from .request_errors import RequestError
-from .schemas import GuidedDecoding
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 # Guide types that need guide text; `json` alone means "any JSON value".
 NEEDS_GUIDE = frozenset({"json_schema", "regex", "ebnf_grammar", "structural_tag"})
@@ -30,11 +28,31 @@ _ANY_JSON_SCHEMA = "{}"
 _NATIVE_PREFIX = re.compile(r"^(\[[0-9:]+\] \S+:\d+: )?(Check failed: .*? is false: )?")
 
 
-class GuideError(RequestError):
-    """The guide cannot be enforced as sent; the message says why (the compiler's words)."""
+class GuidedDecoding(Protocol):
+    """A guide as TensorRT-LLM's tensors carry it: `guided_decoding_guide_type` and
+    `guided_decoding_guide` (the service's request schema and :class:`Guide` both fit)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, param="guided_decoding")
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def guide(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """A guide read from a request's tensors (inside the engine)."""
+
+    type: str
+    guide: str | None = None
+
+
+class GuideError(ValueError):
+    """The guide cannot be enforced as sent; the message says why (the compiler's words).
+
+    `param` is the request field it came from, for the service's 400."""
+
+    param = "guided_decoding"
 
 
 def guide_key(guided: GuidedDecoding) -> tuple[str, str]:

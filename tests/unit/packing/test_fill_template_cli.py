@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.build.fill_template import main, parse_substitutions
-from tensorrtllm_backend.build.repository import TEMPLATES_DIR
 from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
+from tensorrtllm_backend.packing.fill_template import main, parse_substitutions
+from tensorrtllm_backend.packing.repository import TEMPLATES_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable
@@ -63,7 +63,7 @@ def _assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: s
 def test_guide_command_fills_in_place(repo: Path, model: str) -> None:
     path = repo / model / "config.pbtxt"
     result = _run(
-        "-m", "tensorrtllm_backend.build.fill_template", "-i", str(path), GUIDE_COMMANDS[model]
+        "-m", "tensorrtllm_backend.packing.fill_template", "-i", str(path), GUIDE_COMMANDS[model]
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
@@ -92,7 +92,7 @@ def test_guide_command_fills_in_place(repo: Path, model: str) -> None:
 def test_runs_as_a_script_too(repo: Path) -> None:
     path = repo / "ensemble" / "config.pbtxt"
     result = _run(
-        str(ROOT / "tensorrtllm_backend" / "build" / "fill_template.py"),
+        str(ROOT / "tensorrtllm_backend" / "packing" / "fill_template.py"),
         "-i",
         str(path),
         "triton_max_batch_size:16",
@@ -105,7 +105,9 @@ def test_runs_as_a_script_too(repo: Path) -> None:
 def test_without_in_place_prints_and_leaves_the_file(repo: Path) -> None:
     path = repo / "postprocessing" / "config.pbtxt"
     before = path.read_bytes()
-    result = _run("-m", "tensorrtllm_backend.build.fill_template", str(path), "tokenizer_dir:/tok")
+    result = _run(
+        "-m", "tensorrtllm_backend.packing.fill_template", str(path), "tokenizer_dir:/tok"
+    )
     assert result.returncode == 0, result.stderr
     assert path.read_bytes() == before
     assert _params(parse_config(result.stdout))["tokenizer_dir"] == "/tok"
@@ -126,24 +128,24 @@ def test_a_bad_fill_fails_and_leaves_the_file(
     path = repo / model / "config.pbtxt"
     before = path.read_bytes()
     result = _run(
-        "-m", "tensorrtllm_backend.build.fill_template", "-i", *options, str(path), values
+        "-m", "tensorrtllm_backend.packing.fill_template", "-i", *options, str(path), values
     )
     _assert_one_line_error(result, *expected)
     assert path.read_bytes() == before
 
 
 def test_usage_errors_are_one_line_with_exit_code_2(repo: Path) -> None:
-    _assert_one_line_error(_run("-m", "tensorrtllm_backend.build.fill_template"), "file_path")
+    _assert_one_line_error(_run("-m", "tensorrtllm_backend.packing.fill_template"), "file_path")
     _assert_one_line_error(
         _run(
-            "-m", "tensorrtllm_backend.build.fill_template", "-i", str(repo / "nope.pbtxt"), "a:b"
+            "-m", "tensorrtllm_backend.packing.fill_template", "-i", str(repo / "nope.pbtxt"), "a:b"
         ),
         "cannot read",
     )
     _assert_one_line_error(
         _run(
             "-m",
-            "tensorrtllm_backend.build.fill_template",
+            "tensorrtllm_backend.packing.fill_template",
             str(repo / "ensemble" / "config.pbtxt"),
             "novalue",
         ),

@@ -18,8 +18,8 @@ from typing import Any
 from ..common.model_repository import TemplateError
 from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
+from .engine_packing import TOKENIZER_FILES, PackError, check_tag, copy_files
 from .llmapi_repository import build_model_yaml, write_llmapi_repository
-from .packing import TOKENIZER_FILES, PackError, check_tag, copy_files
 
 WORKFLOW = "llmapi"
 CHECKPOINT = "checkpoint"

@@ -1,18 +1,19 @@
 """What the request path needs from the inference server, and the errors it answers with.
 
-:class:`~.generation.Generator`, the native API and the OpenAI adapter see only
-:class:`InferenceEngine` and these error types: the gRPC client (:mod:`.client`) implements the
-interface and maps gRPC statuses and Triton error messages to the errors, so nothing above it
+:class:`~tensorrtllm_backend.serving.generation.Generator`, the native API and the OpenAI
+adapter see only :class:`InferenceEngine` and these error types: the gRPC client
+(:mod:`tensorrtllm_backend.triton.client`) implements the interface and maps gRPC statuses and Triton error messages to the errors, so nothing above it
 depends on gRPC or on how tritonserver words its failures.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
-from tritonclient.grpc import InferResult
+if TYPE_CHECKING:
+    import numpy as np
+    from tritonclient.grpc import InferResult
 
 # How many more responses a stream handed to InferenceEngine.let_finish may take to end on its
 # own, and for how long, before it is cancelled after all.

@@ -11,13 +11,13 @@ import pytest
 import xgrammar as xgr
 from transformers import ByT5Tokenizer, PreTrainedTokenizerBase
 
-from tensorrtllm_backend.build.xgrammar_info import (
+from tensorrtllm_backend.common.tokenization import load_tokenizer
+from tensorrtllm_backend.packing.xgrammar_info import (
     FILE_NAME,
     TokenizerInfoError,
     tokenizer_info,
     write_tokenizer_info,
 )
-from tensorrtllm_backend.common.tokenization import load_tokenizer
 
 SCHEMA = {
     "type": "object",

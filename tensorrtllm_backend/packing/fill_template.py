@@ -1,6 +1,6 @@
 """Fill one config.pbtxt template from the command line, with NVIDIA's fill_template.py syntax.
 
-    python -m tensorrtllm_backend.build.fill_template -i <model>/config.pbtxt key:value,key:value
+    python -m tensorrtllm_backend.packing.fill_template -i <model>/config.pbtxt key:value,key:value
 
 Commands written for NVIDIA's tool work unchanged: ``-i``/``--in_place`` edits the file, without it
 the result goes to stdout; items are separated by ``,`` and ``\\`` escapes a ``,`` or ``:`` inside
@@ -24,8 +24,8 @@ from pathlib import Path
 if not __package__:  # run as a script: make the package importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tensorrtllm_backend.build.repository import MODEL_NAMES, fill_template
 from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
+from tensorrtllm_backend.packing.repository import MODEL_NAMES, fill_template
 
 EXIT_USAGE = 2
 _NAME_LINE = re.compile(r'^\s*name\s*:\s*"([^"]+)"', re.MULTILINE)

@@ -19,11 +19,11 @@ import pytest
 from engine_configs import modern_config
 
 import pack_model
-from tensorrtllm_backend.build import packing
-from tensorrtllm_backend.build.xgrammar_info import tokenizer_info
 from tensorrtllm_backend.common.model_repository import parse_config
 from tensorrtllm_backend.common.model_store import read_manifest
 from tensorrtllm_backend.common.tokenization import load_tokenizer
+from tensorrtllm_backend.packing import engine_packing as packing
+from tensorrtllm_backend.packing.xgrammar_info import tokenizer_info
 from tensorrtllm_backend.triton.localize import localize_repository
 
 OLD_IMAGE = "nvcr.io/nvidia/tritonserver:24.03-trtllm-python-py3"  # TensorRT-LLM 0.8.0

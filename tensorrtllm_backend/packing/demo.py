@@ -2,7 +2,7 @@
 tiny random-weight Llama, both loadable with AutoTokenizer / AutoModelForCausalLM.
 
 Nothing is downloaded, so tests and CI get a real transformers model in a few seconds.
-Usage: python -m tensorrtllm_backend.build.demo OUT_DIR [--engine-dir ENGINE_DIR]
+Usage: python -m tensorrtllm_backend.packing.demo OUT_DIR [--engine-dir ENGINE_DIR]
 """
 
 from __future__ import annotations

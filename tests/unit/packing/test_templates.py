@@ -14,7 +14,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.build.repository import (
+from tensorrtllm_backend.common.model_repository import parse_config
+from tensorrtllm_backend.packing.repository import (
     DEFAULTS,
     MODEL_NAMES,
     TEMPLATES_DIR,
@@ -22,7 +23,6 @@ from tensorrtllm_backend.build.repository import (
     fill_template,
     placeholders,
 )
-from tensorrtllm_backend.common.model_repository import parse_config
 
 CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_c2e65b8.json").read_text())
 # Distinct values for the typed placeholders prove those tensors really are placeholder-typed.

@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 from test_pack_model import name, run_pack, unchanged_store  # noqa: F401
 from transformers import LlamaConfig, Qwen2Config
 
-from tensorrtllm_backend.build.llmapi_repository import build_model_yaml
+from tensorrtllm_backend.packing.llmapi_repository import build_model_yaml
 from tensorrtllm_backend.triton.localize import localize_repository
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

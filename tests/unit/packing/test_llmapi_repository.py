@@ -10,14 +10,14 @@ import pytest
 import yaml
 from tritonclient.grpc import model_config_pb2
 
-from tensorrtllm_backend.build.llmapi_repository import (
+from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
+from tensorrtllm_backend.packing.llmapi_repository import (
     MODEL_NAME,
     TEMPLATES_DIR,
     build_model_yaml,
     parse_llm_args,
     write_llmapi_repository,
 )
-from tensorrtllm_backend.common.model_repository import TemplateError, parse_config
 from tensorrtllm_backend.triton.localize import localize_model_yaml
 
 CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_llmapi.json").read_text())

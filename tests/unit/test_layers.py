@@ -1,0 +1,93 @@
+"""The package's layers (tensorrtllm_backend.ALLOWED_IMPORTS) hold: every import of every module,
+at module level or inside a function, goes to its own layer or to one the table allows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tensorrtllm_backend import ALLOWED_IMPORTS
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tensorrtllm_backend"
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[str]:
+    """Absolute names of what `source` (the text of `module`) imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".")
+                base = parts[: len(parts) - node.level + (1 if is_package else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            # `from . import x` may name a module: count each imported name as one.
+            found += [prefix] if node.module else [f"{prefix}.{a.name}" for a in node.names]
+    return found
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "tensorrtllm_backend" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def violations(path: Path, source: str) -> list[str]:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    module = ".".join(relative.parts)
+    is_package = path.name == "__init__.py"
+    if is_package:
+        module = module.removesuffix(".__init__")
+    own = layer_of(module)
+    if own is None:
+        return []
+    allowed = ALLOWED_IMPORTS[own] | {own}
+    return [
+        f"{module} imports {target}"
+        for target in imported_modules(source, module, is_package)
+        if (layer := layer_of(target)) is not None and layer not in allowed
+    ]
+
+
+def test_every_layer_is_listed() -> None:
+    layers = {
+        p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    layers |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
+    layers -= {"__init__", "__pycache__"}
+    assert layers == set(ALLOWED_IMPORTS)
+
+
+def test_no_module_imports_across_a_forbidden_layer() -> None:
+    found = [
+        problem
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for problem in violations(path, path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        (
+            "all_models/inflight_batcher_llm/tensorrt_llm/1/model.py",
+            "from tensorrtllm_backend.serving.schemas import X",
+        ),
+        ("python_models/cpu_engine/hf.py", "from ...serving import generation"),
+        ("triton/client.py", "from ..serving.engine_api import InferenceEngine"),
+        ("common/guides.py", "def f():\n    from ..triton import client"),
+        ("packing/demo.py", "import tensorrtllm_backend.serving.runtime"),
+    ],
+)
+def test_a_forbidden_import_is_found(where: str, line: str) -> None:
+    """The check itself: a forbidden import added anywhere in a module fails it."""
+    path = PACKAGE / where
+    assert violations(path, path.read_text(encoding="utf-8")) == []
+    assert violations(path, path.read_text(encoding="utf-8") + "\n" + line + "\n") != []
