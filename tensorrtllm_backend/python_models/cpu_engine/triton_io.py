@@ -17,6 +17,8 @@ import numpy as np
 
 from .request import SamplingParams, parse_word_list
 
+MAX_TOP_LOG_PROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+
 
 class RequestError(ValueError):
     """A request the engine rejects; reported to that request only."""
@@ -161,6 +163,9 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
     streaming = bool(inputs.rows("streaming", False)[0])
     exclude = bool(inputs.rows("exclude_input_in_output", limits.exclude_input_in_output)[0])
     log_probs = bool(inputs.rows("return_log_probs", False)[0])
+    top = int(inputs.rows("top_log_probs", 0)[0])
+    if not 0 <= top <= MAX_TOP_LOG_PROBS:
+        raise RequestError(f"top_log_probs must be 0 to {MAX_TOP_LOG_PROBS}, got {top}")
     perf = bool(inputs.rows("return_perf_metrics", False)[0])
     guide_types = inputs.strings("guided_decoding_guide_type")
     guides = inputs.strings("guided_decoding_guide")
@@ -211,6 +216,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                 "streaming": streaming,
                 "exclude_input_in_output": exclude,
                 "return_log_probs": log_probs,
+                "top_logprobs": top,
                 "sampling": SamplingParams(
                     temperature=float(temperature[row]),
                     top_k=int(top_k[row]),

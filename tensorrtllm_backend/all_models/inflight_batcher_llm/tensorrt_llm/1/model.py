@@ -171,10 +171,16 @@ class TritonPythonModel:
             max_batch_size=build.max_batch_size,
         )
         self.guides = _guides(model_config, config, args["model_repository"])
+        interval = _param(model_config, "stream_interval")
+        if interval is not None and not (interval.isdigit() and int(interval) >= 1):
+            raise pb_utils.TritonModelException(
+                f"parameter stream_interval must be a positive integer, got {interval!r}"
+            )
         self.scheduler = Scheduler(
             _make_backend(config),
             build.max_batch_size,
             cancel_poll_interval_s=CANCEL_POLL_INTERVAL_S,
+            stream_interval=int(interval or 1),
         )
         self.scheduler.start()
         self.metrics = MetricsPublisher(
@@ -185,7 +191,8 @@ class TritonPythonModel:
         self.metrics.start()
         self.logger.log_info(
             f"CPU engine ({config.cpu_engine.mode}) from {engine_dir}, "
-            f"max_batch_size={build.max_batch_size}, decoupled={self.decoupled}"
+            f"max_batch_size={build.max_batch_size}, decoupled={self.decoupled}, "
+            f"stream_interval={interval or 1}"
         )
 
     def execute(self, requests: list) -> list | None:
