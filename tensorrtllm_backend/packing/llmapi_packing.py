@@ -2,7 +2,9 @@
 
 Layout of a stored llmapi model (paths relative to the model's root, resolved at start)::
 
-    checkpoint/         the Hugging Face checkpoint (config.json, *.safetensors, tokenizer, ...)
+    checkpoint/         the Hugging Face checkpoint (config.json, *.safetensors, tokenizer, ...);
+                        for --synthetic a CPU engine dir (config.json with a `cpu_engine`
+                        section) with the tokenizer beside it, served by the CPU stand-in only
     tokenizer/          the tokenizer the service uses (hard links when on one filesystem)
     model_repository/   tensorrt_llm/{config.pbtxt, 1/model.py, 1/model.yaml}
     trtllm_model.json   manifest: workflow "llmapi", checkpoint summary, limits, model.yaml
@@ -15,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..common.model_repository import TemplateError
+from ..common.cpu_engine_config import load_engine_config
+from ..common.model_repository import LLMAPI_MODELS, TemplateError
 from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
 from .engine_packing import TOKENIZER_FILES, PackError, check_tag, copy_files
@@ -26,6 +29,7 @@ CHECKPOINT = "checkpoint"
 # Weights in formats the LLM API does not load from a checkpoint dir with safetensors: left out
 # (a Llama 3 download carries a second full copy in original/*.pth).
 SKIPPED_SUFFIXES = (".bin", ".pth", ".pt", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+CPU_SOURCES = ("demo", "synthetic")
 
 
 @dataclass
@@ -41,6 +45,7 @@ class LlmapiPlan:
     max_seq_len: int
     source: str = "checkpoint"
     route: str = WORKFLOW
+    llmapi_model: str = LLMAPI_MODELS[0]
     labels: dict[str, str] = field(default_factory=dict)
 
     def files(self) -> list[tuple[Path, Path]]:
@@ -64,12 +69,19 @@ class LlmapiPlan:
 
     @property
     def cpu(self) -> bool:
-        """Served by the CPU stand-in (the demo); a real checkpoint asks BentoML for GPUs."""
-        return self.source == "demo"
+        """Served by the CPU stand-in (the demo, the synthetic engine); a real checkpoint asks
+        BentoML for GPUs."""
+        return self.source in CPU_SOURCES
 
     def _header(self) -> dict[str, Any]:
         """What the model store's metadata and the manifest both start with."""
-        return {"format": FORMAT, "workflow": WORKFLOW, "source": self.source, "route": self.route}
+        return {
+            "format": FORMAT,
+            "workflow": WORKFLOW,
+            "source": self.source,
+            "route": self.route,
+            "llmapi_model": self.llmapi_model,
+        }
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -97,7 +109,7 @@ class LlmapiPlan:
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
         copy_files(self.files(), root, "checkpoint+tokenizer", show_progress)
-        write_llmapi_repository(root / REPOSITORY, self.model_yaml)
+        write_llmapi_repository(root / REPOSITORY, self.model_yaml, self.llmapi_model)
         (root / MANIFEST).write_text(json.dumps(self.manifest(), indent=2) + "\n")
 
 
@@ -115,13 +127,24 @@ def plan_llmapi(
     max_input_len: int | None = None,
     max_seq_len: int | None = None,
     llm_args: dict[str, Any] | None = None,
+    llmapi_model: str = LLMAPI_MODELS[0],
 ) -> LlmapiPlan:
-    """Validate a checkpoint and decide what to store (raises PackError, writes nothing)."""
+    """Validate a checkpoint and decide what to store (raises PackError, writes nothing).
+    `source` "synthetic": `checkpoint_dir` is a synthetic CPU engine dir, for the CPU stand-in."""
     check_tag(name)
+    if llmapi_model not in LLMAPI_MODELS:
+        raise PackError(f"--llmapi-model {llmapi_model!r}: use {' or '.join(LLMAPI_MODELS)}")
     try:
-        info = inspect_checkpoint(
-            checkpoint_dir, tp_size=tp_size, pp_size=pp_size, gpus=gpus, tokenizer_dir=tokenizer_dir
-        )
+        if source == "synthetic":
+            info = synthetic_info(checkpoint_dir)
+        else:
+            info = inspect_checkpoint(
+                checkpoint_dir,
+                tp_size=tp_size,
+                pp_size=pp_size,
+                gpus=gpus,
+                tokenizer_dir=tokenizer_dir,
+            )
     except CheckpointError as error:
         raise PackError(str(error)) from error
     args = dict(llm_args or {})
@@ -159,7 +182,23 @@ def plan_llmapi(
         max_input_len=input_len,
         max_seq_len=seq_len,
         source=source,
-        labels={"engine": "cpu" if source == "demo" else WORKFLOW, "source": source},
+        llmapi_model=llmapi_model,
+        labels={"engine": "cpu" if source in CPU_SOURCES else WORKFLOW, "source": source},
+    )
+
+
+def synthetic_info(engine_dir: Path) -> CheckpointInfo:
+    """A synthetic CPU engine dir described as the checkpoint the stand-in serves."""
+    try:
+        config = load_engine_config(engine_dir)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{engine_dir}: not a CPU engine dir: {error}") from error
+    return CheckpointInfo(
+        path=Path(engine_dir),
+        architecture=config.pretrained_config.architecture,
+        dtype=config.pretrained_config.dtype,
+        vocab_size=config.pretrained_config.vocab_size,
+        max_position_embeddings=config.build_config.max_seq_len,
     )
 
 
@@ -168,8 +207,8 @@ def describe_llmapi(pack: LlmapiPlan) -> str:
     return "\n".join(
         [
             f"model:        {pack.name}",
-            f"workflow:     llmapi ({pack.model_yaml['backend']} backend), {info.architecture}, "
-            f"{info.dtype}, tp={info.tp_size} pp={info.pp_size}",
+            f"workflow:     llmapi ({pack.model_yaml['backend']} backend, {pack.llmapi_model} "
+            f"model), {info.architecture}, {info.dtype}, tp={info.tp_size} pp={info.pp_size}",
             f"limits:       max_input_len={pack.max_input_len} max_seq_len={pack.max_seq_len}"
             f" max_batch_size={pack.max_batch_size or 'LLM API default'}",
             f"files:        {len(pack.files())} ({pack.total_bytes() / 1e6:.1f} MB) from "

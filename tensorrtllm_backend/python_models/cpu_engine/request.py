@@ -85,6 +85,8 @@ class GenRequest:
     end_id: int | None = None
     pad_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
+    # Tokens that end the sequence like end_id (the LLM API's stop_token_ids): not returned.
+    stop_token_ids: frozenset[int] = frozenset()
     bad_words: list[list[int]] = field(default_factory=list)
     min_tokens: int = 0
     streaming: bool = False
@@ -117,6 +119,7 @@ class GenRequest:
     # Set by the backend when the grammar accepted its last token (always a stop token): the
     # sequence then ends as on its end token.
     guide_ended: bool = False
+    ended_on: int | None = None  # the end or stop token that ended the sequence
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at the next step (thread-safe: a flag)."""

@@ -212,9 +212,14 @@ class Scheduler:
         if req.top_logprobs:
             req.top.append(top if top is not None else ([], []))
         reason: FinishReason | None = None
-        if token == req.end_id or req.guide_ended:
+        if (
+            token == req.end_id
+            or req.guide_ended
+            or (req.stop_token_ids and token in req.stop_token_ids)
+        ):
             # TensorRT-LLM does not count end_id in the valid output; a guide ends on the stop
             # token that completes it.
+            req.ended_on = token
             generated.pop()
             if req.return_log_probs:
                 req.logprobs.pop()

@@ -225,8 +225,49 @@ def test_llmapi_options_are_refused_by_the_engine_workflow(name, unchanged_store
 
 
 def test_llmapi_workflow_needs_a_checkpoint(tmp_path, name, unchanged_store, capsys) -> None:
-    assert run_pack("--workflow", "llmapi", "--synthetic", "--name", name) == 2
-    assert "packs --checkpoint DIR (or --demo)" in capsys.readouterr().err
+    assert run_pack("--workflow", "llmapi", "--hf-model", str(tmp_path), "--name", name) == 2
+    assert "packs --checkpoint DIR (or --demo, --synthetic)" in capsys.readouterr().err
+
+
+def test_synthetic_llmapi_model_is_a_cpu_engine_dir_with_its_tokenizer(name, capsys) -> None:
+    """--synthetic --workflow llmapi: the CPU stand-in's synthetic engine as the model, for
+    benchmarks of the llmapi route; no logits, so no guides."""
+    code = run_pack(
+        "--synthetic", "--workflow", "llmapi", "--itl-ms", "3", "--max-input-len", "512",
+        "--max-seq-len", "1024",
+        "--name", name,
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    model = bentoml.models.get(f"{name}:latest")
+    try:
+        root = Path(model.path)
+        engine = json.loads((root / "checkpoint" / "config.json").read_text())
+        assert engine["cpu_engine"]["mode"] == "synthetic" and engine["cpu_engine"]["itl_ms"] == 3
+        assert (root / "checkpoint" / "tokenizer.json").is_file()
+        settings = yaml.safe_load(
+            (root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml").read_text()
+        )
+        assert settings["model"] == "checkpoint" and settings["guided_decoding_backend"] is None
+        assert settings["max_seq_len"] == engine["build_config"]["max_seq_len"] == 1024
+        manifest = json.loads((root / "trtllm_model.json").read_text())
+        assert (manifest["source"], manifest["llmapi_model"]) == ("synthetic", "bentotrtllm")
+        assert model.info.metadata["engine_kind"] == "cpu"
+    finally:
+        bentoml.models.delete(str(model.tag))
+
+
+def test_nvidias_model_is_selectable(checkpoint, name, capsys) -> None:
+    from tensorrtllm_backend.python_models.llmapi_choice import configured_model
+
+    code = llmapi("--checkpoint", checkpoint, "--name", name, "--llmapi-model", "nvidia")
+    assert code == 0, capsys.readouterr().err
+    model = bentoml.models.get(f"{name}:latest")
+    try:
+        root = Path(model.path)
+        assert configured_model(root / "model_repository" / "tensorrt_llm") == "nvidia"
+        assert json.loads((root / "trtllm_model.json").read_text())["llmapi_model"] == "nvidia"
+    finally:
+        bentoml.models.delete(str(model.tag))
 
 
 def test_missing_checkpoint_dir(tmp_path, name, unchanged_store, capsys) -> None:
