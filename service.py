@@ -167,7 +167,8 @@ class TRTLLM:
             response: JSONResponse = error_response(error)
             return response  # type: ignore[return-value]
         # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
-        body = result.to_response().model_dump(mode="json", exclude_none=True)
+        response = result.to_response(self.runtime.generator.token_strings)
+        body = response.model_dump(mode="json", exclude_none=True)
         return JSONResponse(body)  # type: ignore[return-value]
 
 

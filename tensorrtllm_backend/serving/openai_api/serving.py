@@ -108,6 +108,7 @@ class OpenAIServing(StreamingServing):
         request: CompletionRequest | ChatCompletionRequest,
         want_log_probs: bool,
         guide: GuidedDecoding | None = None,
+        top_log_probs: int = 0,
     ) -> SamplingParams:
         temperature = request.temperature
         fields: dict[str, Any] = {
@@ -123,6 +124,7 @@ class OpenAIServing(StreamingServing):
             "seed": request.seed if request.seed is not None else secrets.randbits(63),
             "stop": request.stop or [],
             "return_log_probs": want_log_probs,
+            "top_log_probs": top_log_probs,
             "ignore_eos": request.ignore_eos,
             "num_return_sequences": request.n,
             "guided_decoding": guide,
@@ -154,6 +156,8 @@ class OpenAIServing(StreamingServing):
             )
             await self.generator.check_guide(prepared)
         except RequestError as error:
+            if error.param == "top_log_probs":  # the OpenAI field that asked for alternatives
+                error.param = "top_logprobs" if api == "openai_chat" else "logprobs"
             raise OpenAIError.from_request_error(error, guide_param) from None
         return prepared
 
@@ -163,7 +167,9 @@ class OpenAIServing(StreamingServing):
             raise OpenAIError("suffix is not supported", param="suffix")
         constraint = _constraint(request)
         guide = constraint.guide if constraint else None
-        params = self._sampling(request, request.logprobs is not None, guide)
+        params = self._sampling(
+            request, request.logprobs is not None, guide, top_log_probs=request.logprobs or 0
+        )
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
         param = constraint.param if constraint else None
@@ -208,12 +214,8 @@ class OpenAIServing(StreamingServing):
     ) -> tuple[PreparedRequest, ToolPlan]:
         """The core request and the tool plan its answer is read back with."""
         self._check_common(request)
-        if request.top_logprobs:
-            raise OpenAIError(
-                "top_logprobs is not available: TensorRT-LLM returns the chosen token's log "
-                "probability only (use logprobs=true)",
-                param="top_logprobs",
-            )
+        if request.top_logprobs is not None and not request.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs")
         plan = self.plan_tools(request)
         constraint = _constraint(request)
         guide, guide_param = (constraint.guide, constraint.param) if constraint else (None, None)
@@ -228,7 +230,7 @@ class OpenAIServing(StreamingServing):
         elif constraint is not None and plan.parses_calls:
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
         prompt = self.render_chat(request, plan)
-        params = self._sampling(request, request.logprobs, guide)
+        params = self._sampling(request, request.logprobs, guide, request.top_logprobs or 0)
         # The template already holds the special tokens (BOS) the model expects.
         prepared = await self._prepare(
             request, prompt, params, guide_param, "openai_chat",
@@ -239,6 +241,8 @@ class OpenAIServing(StreamingServing):
     # -- running -----------------------------------------------------------------------------
     async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
         want = prepared.params.return_log_probs
+        # text_offset counts from the start of the choice's text, which echo begins with the prompt
+        offset = 0 if prepared.params.exclude_input_in_output else len(prepared.prompt)
         result = await self.generator.collect(prepared)
         return CompletionResponse(
             id=f"cmpl-{prepared.request_id}",
@@ -248,9 +252,7 @@ class OpenAIServing(StreamingServing):
                     index=sequence.index,
                     text=sequence.text,
                     finish_reason=finish_reason(sequence.finish_reason),
-                    logprobs=self._completion_log_probs(
-                        self._sequence_tokens(sequence), sequence.log_probs
-                    )
+                    logprobs=self._sequence_log_probs(sequence).completion(offset)
                     if want
                     else None,
                 )
@@ -284,9 +286,7 @@ class OpenAIServing(StreamingServing):
             index=sequence.index,
             message=message,
             finish_reason=finish,
-            logprobs=self._chat_log_probs(self._sequence_tokens(sequence), sequence.log_probs)
-            if want_log_probs
-            else None,
+            logprobs=self._sequence_log_probs(sequence).chat() if want_log_probs else None,
         )
 
 
