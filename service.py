@@ -86,7 +86,11 @@ class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
 
     def __init__(self) -> None:
-        self.runtime = LLMRuntime(Path(self.model.path), RuntimeSettings.from_env())
+        try:
+            self.runtime = LLMRuntime(Path(self.model.path), RuntimeSettings.from_env())
+        except ValueError as error:  # a model or setting this service cannot serve
+            end_serving(error)
+            raise
         self.openai: OpenAIServing | None = None  # set once Triton is up
 
     @bentoml.on_startup

@@ -1,6 +1,9 @@
-"""The LLM API workflow end to end on CPU: `pack_model.py --demo --workflow llmapi`, the llmapi
-`tensorrt_llm` model in a real tritonserver called with NVIDIA's tensors, and `bentoml serve`
-answering the native and OpenAI APIs through it."""
+"""The LLM API workflow end to end on CPU: `pack_model.py --demo --workflow llmapi`, our llmapi
+`tensorrt_llm` model in a real tritonserver called with NVIDIA's tensors (a request written for
+NVIDIA's stock model gets NVIDIA's outputs) and with ours (token ids in, deltas out), and
+`bentoml serve` answering the native and OpenAI APIs through it (the features shared with the
+direct route are tested over both routes in test_openai_api.py, test_openai_structured.py and
+test_guided_service.py)."""
 
 from __future__ import annotations
 
@@ -247,18 +250,68 @@ def test_openai_chat_completions_answer(server: BentoServer, llmapi_model: str) 
     assert streamed == answer.choices[0].message.content
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("bad_words", ["x"]),
-        ("beam_width", 2),
-        ("min_tokens", 2),
-        ("guided_decoding", {"type": "json"}),
-        ("lora", "adapter"),
-    ],
-)
-def test_what_the_workflow_cannot_do_is_a_400(server: BentoServer, field: str, value) -> None:
-    body = {"prompt": PROMPT, "max_tokens": 4, field: value}
-    response = httpx.post(f"{server.url}/generate_text", json=body, timeout=60)
-    assert response.status_code == 400, response.text
-    assert f"drop `{field}`" in response.json()["error"]
+async def _token_call(url: str, **tensors: np.ndarray) -> list[dict[str, list]]:
+    """One token-id request through the service's own client; every response's outputs."""
+    from tensorrtllm_backend.triton.client import TritonLLMClient
+
+    client = TritonLLMClient(url)
+    try:
+        return [
+            {o.name: result.as_numpy(o.name).tolist() for o in result.get_response().outputs}
+            async for result in client.stream("tensorrt_llm", tensors, [], "ids")
+        ]
+    finally:
+        await client.close()
+
+
+def test_token_ids_in_deltas_out(triton: str, llmapi_model: str) -> None:
+    """Ours: input_ids in, one response per step with the new ids, greedy as the text path."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        Path(bentoml.models.get(llmapi_model).path) / "tokenizer"
+    )
+    prompt = tokenizer.encode(PROMPT)
+    responses = asyncio.run(
+        _token_call(
+            triton,
+            text_input=np.array([b""], np.object_),
+            input_ids=np.array(prompt, np.int32),
+            streaming=np.array([True]),
+            sampling_param_max_tokens=np.array([12], np.int32),
+            sampling_param_exclude_input_from_output=np.array([True]),
+            sampling_param_logprobs=np.array([2], np.int32),
+            return_finish_reason=np.array([True]),
+        )
+    )
+    ids = [token for response in responses for token in response["output_ids"]]
+    assert len(ids) == 12 and len(responses) == 12
+    assert all(len(r["output_top_token_ids"]) == len(r["output_ids"]) for r in responses)
+    assert all(r["output_top_token_ids"][0][0] == r["output_ids"][0] for r in responses)  # greedy
+    assert [r["finish_reason"] for r in responses][-1] == [b"length"]
+    text = asyncio.run(_call(triton, streaming=False))[0]["text_output"]
+    assert tokenizer.decode(ids) == text
+
+
+def test_a_request_with_both_prompts_is_refused(triton: str) -> None:
+    with pytest.raises(Exception, match="send the prompt once"):
+        asyncio.run(_token_call(triton, text_input=np.array([b"x"], np.object_),
+                                input_ids=np.array([1, 2], np.int32)))  # fmt: skip
+
+
+def test_guided_packed_by_default(llmapi_model: str) -> None:
+    root = Path(bentoml.models.get(llmapi_model).path)
+    settings = yaml.safe_load(
+        (root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    )
+    assert settings["guided_decoding_backend"] == "xgrammar"
+
+
+def test_the_service_refuses_nvidias_stock_model(bento_launcher) -> None:
+    """NVIDIA's model takes text only; the service's route sends token ids to ours."""
+    tag = pack("--demo", "--workflow", "llmapi", "--llmapi-model", "nvidia",
+               "--name", "trtllm-llmapi-nvidia", "--max-seq-len", "512")  # fmt: skip
+    server = bento_launcher(tag)
+    server.process.wait(120)  # `bentoml serve` stops instead of starting its worker again
+    assert "the service cannot start" in server.log()
+    assert "--llmapi-model nvidia" in server.log()

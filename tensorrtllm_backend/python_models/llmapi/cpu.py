@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -160,23 +161,22 @@ def _cpu_sampling(sampling: Sampling, seed_offset: int = 0) -> SamplingParams:
 
 
 class _Sequence:
-    """One sequence's state between the scheduler's thread and the model's loop."""
+    """One sequence's state on the model's loop: its request, text and how it ended."""
 
     def __init__(self, index: int, tokenizer: Any, sampling: Sampling) -> None:
         self.index = index
         self.req: GenRequest | None = None
-        # Filled on the scheduler's thread (under the generation's lock), drained by the loop.
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[TopLogprobs] = []
-        self.reason: FinishReason | None = None
-        # Loop side.
         self.text = ""
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         needs_text = sampling.detokenize or bool(sampling.stop)
         self.detokenizer = IncrementalDetokenizer(tokenizer) if needs_text else None
         self.stops = StopStringMatcher(sampling.stop)
+
+
+# What the scheduler handed over for one sequence at once (its thread -> the model's loop):
+# (sequence index, tokens, log probs, alternatives, finish reason or None).
+_Arrival = tuple[int, list[int], list[float], list[TopLogprobs], FinishReason | None]
 
 
 class CpuGeneration:
@@ -191,20 +191,23 @@ class CpuGeneration:
         self._lock = threading.Lock()
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
-        self._changed = False
+        self._arrivals: deque[_Arrival] = deque()
         self._error: str | None = None
         self._aborted = False
 
     # -- scheduler side (its thread) ---------------------------------------------------------
-    def _wake(self) -> None:
+    def _arrive(self, arrival: _Arrival | None, error: str | None = None) -> None:
         with self._lock:
-            self._changed = True
+            if arrival is not None:
+                self._arrivals.append(arrival)
+            if error is not None:
+                self._error = error
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             self._loop.call_soon_threadsafe(_resolve, waiter)
 
     def _sink(self, sequence: _Sequence) -> _SequenceSink:
-        return _SequenceSink(self, sequence)
+        return _SequenceSink(self, sequence.index)
 
     # -- model side (the loop) ---------------------------------------------------------------
     def abort(self) -> None:
@@ -217,12 +220,14 @@ class CpuGeneration:
         return self._steps()
 
     async def _steps(self) -> AsyncIterator[Step]:
+        """One step per hand-over of the scheduler (a token, or the stream interval's tokens),
+        as the LLM API yields once per response of its executor."""
         await self._submit()
         streaming = self._request.streaming
         gathered: list[SequenceStep] | None = None  # not streaming: one step at the end
         while True:
-            await self._wait()
-            step = self._take()
+            arrival = await self._next()
+            step = self._step(arrival)
             if not streaming:
                 gathered = _merge(gathered, step.sequences)
                 step = Step(gathered, step.finished)
@@ -283,31 +288,30 @@ class CpuGeneration:
 
     def _finish_unsubmitted(self) -> None:
         for sequence in self._sequences:
-            sequence.reason = FinishReason.CANCELLED
-        self._changed = True
+            self._arrivals.append((sequence.index, [], [], [], FinishReason.CANCELLED))
 
-    async def _wait(self) -> None:
-        with self._lock:
-            if self._changed or self._error is not None:
-                return
-            waiter = self._waiter = self._loop.create_future()
-        await waiter
+    async def _next(self) -> _Arrival:
+        """The next hand-over (waiting for it); a failure of the request raises."""
+        while True:
+            with self._lock:
+                error = self._error
+                if error is None and self._arrivals:
+                    return self._arrivals.popleft()
+                if error is None:
+                    waiter = self._waiter = self._loop.create_future()
+            if error is not None:
+                self.abort()
+                raise RequestError(error)
+            await waiter
 
-    def _take(self) -> Step:
-        """What arrived since the last step, as the LLM API's next yield."""
-        with self._lock:
-            self._changed = False
-            error = self._error
-            moved = []
-            for sequence in self._sequences:
-                moved.append((sequence.tokens, sequence.logprobs, sequence.top, sequence.reason))
-                sequence.tokens, sequence.logprobs, sequence.top = [], [], []
-        if error is not None:
-            self.abort()
-            raise RequestError(error)
+    def _step(self, arrival: _Arrival) -> Step:
+        """The LLM API's next yield: the sequence that moved, every other one as it stands."""
+        index, tokens, logprobs, top, reason = arrival
         steps = [
-            self._sequence_step(sequence, *arrived)
-            for sequence, arrived in zip(self._sequences, moved, strict=True)
+            self._sequence_step(sequence, tokens, logprobs, top, reason)
+            if sequence.index == index
+            else self._sequence_step(sequence, [], [], [], None)
+            for sequence in self._sequences
         ]
         return Step(steps, all(step.finished for step in steps))
 
@@ -386,11 +390,12 @@ def _perf(req: GenRequest) -> PerfMetrics:
 class _SequenceSink:
     """The scheduler's Sink for one sequence of a CpuGeneration (called on its thread)."""
 
-    __slots__ = ("_generation", "_sequence")
+    __slots__ = ("_generation", "_index", "_last")
 
-    def __init__(self, generation: CpuGeneration, sequence: _Sequence) -> None:
+    def __init__(self, generation: CpuGeneration, index: int) -> None:
         self._generation = generation
-        self._sequence = sequence
+        self._index = index
+        self._last: _Arrival | None = None  # the final tokens, sent with the finish reason
 
     def send_tokens(
         self,
@@ -400,28 +405,24 @@ class _SequenceSink:
         top: list[TopLogprobs] | None,
         final: bool,
     ) -> None:
-        generation, sequence = self._generation, self._sequence
-        with generation._lock:
-            sequence.tokens += tokens
-            sequence.logprobs += logprobs or []
-            sequence.top += top or []
-        generation._wake()
+        arrival = (self._index, tokens, logprobs or [], top or [], None)
+        if final:  # finish() follows at once: one hand-over, as the LLM API's last response
+            self._last = arrival
+        else:
+            self._generation._arrive(arrival)
 
     def finish(self, req: GenRequest, reason: FinishReason) -> None:
-        generation, sequence = self._generation, self._sequence
-        with generation._lock:
-            if not req.streaming:  # the whole output arrives now
-                sequence.tokens += req.generated
-                sequence.logprobs += req.logprobs
-                sequence.top += req.top
-            sequence.reason = reason
-        generation._wake()
+        if self._last is not None:
+            index, tokens, logprobs, top, _ = self._last
+            arrival = (index, tokens, logprobs, top, reason)
+        elif req.streaming:  # its tokens went out with send_tokens
+            arrival = (self._index, [], [], [], reason)
+        else:  # the whole output arrives now
+            arrival = (self._index, list(req.generated), req.logprobs, req.top, reason)
+        self._generation._arrive(arrival)
 
     def fail(self, req: GenRequest, message: str) -> None:
-        generation = self._generation
-        with generation._lock:
-            generation._error = message
-        generation._wake()
+        self._generation._arrive(None, message)
 
     def is_cancelled(self) -> bool:
         return False

@@ -131,10 +131,17 @@ class LlmapiModel:
         version_dir = Path(args["model_repository"]) / str(args["model_version"])
         self.settings = read_model_settings(version_dir)
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop")
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="llmapi-loop", daemon=True
+        )
         self._thread.start()
-        # The engine is built on the loop's thread: the LLM API's objects belong to its loop.
-        self.engine: LlmEngine = self._run(self._make_engine(version_dir))
+        try:
+            # Built on the loop's thread: the LLM API's objects belong to its loop.
+            self.engine: LlmEngine = self._run(self._make_engine(version_dir))
+        except BaseException:
+            self._stop_loop()
+            stop_orphan_guard(self.orphan_guard)
+            raise
         self._in_flight: dict[int, _InFlight] = {}
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="llmapi-cancel", daemon=True)
@@ -238,9 +245,12 @@ class LlmapiModel:
         try:
             self._run(_call(self.engine.shutdown))
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
+            self._stop_loop()
             stop_orphan_guard(self.orphan_guard)
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
 
 
 async def _call(function: Any) -> Any:
