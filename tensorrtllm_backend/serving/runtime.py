@@ -99,13 +99,18 @@ def _check_llmapi_model(manifest: dict[str, Any]) -> None:
         )
 
 
+# Batch slots of an llmapi model packed without --max-batch-size: the CPU stand-in's default
+# (the LLM API's own is larger); each of a request's n sequences takes one.
+LLMAPI_DEFAULT_MAX_BATCH_SIZE = 64
+
+
 def _llmapi_limits(manifest: dict[str, Any]) -> EngineLimits:
     limits = manifest.get("limits") or {}
     return EngineLimits(
         max_input_len=int(limits["max_input_len"]),
         max_seq_len=int(limits["max_seq_len"]),
         max_beam_width=1,
-        max_batch_size=int(limits.get("max_batch_size") or 1),
+        max_batch_size=int(limits.get("max_batch_size") or LLMAPI_DEFAULT_MAX_BATCH_SIZE),
     )
 
 

@@ -52,51 +52,61 @@ def make_engine(settings: ModelSettings, version_dir: Path) -> LlmEngine:
 
 class _Responder:
     """Where one request's responses go: its response sender (decoupled), or the one response
-    execute() returns."""
+    execute() returns.
+
+    Sending (the loop's thread) and asking whether the client went away (the cancellation
+    watcher's) take one lock, and nothing is asked once the final response went out: Triton
+    releases a request's response factory with its final response, and asking it afterwards
+    crashes tritonserver (2.51: a segfault in TRITONBACKEND_ResponseFactoryIsCancelled).
+    """
 
     def __init__(self, request: Any, decoupled: bool) -> None:
         self._sender = request.get_response_sender() if decoupled else None
         self._request = request
+        self._lock = threading.Lock()
         self._done = threading.Event()
         self.response: Any = None
         self.client_gone = False
         self.closed = False
 
     def send(self, response: Any, final: bool) -> None:
-        if self.closed:
-            return
-        if final:
-            self.closed = True
-        if self._sender is None:
-            if response is not None:
-                self.response = response
-            if final:
-                self._done.set()
-            return
-        if self.client_gone:
-            response = None  # nobody reads it: only end the stream
-            if not final:
+        with self._lock:
+            if self.closed:
                 return
-        try:
-            if response is None:
-                self._sender.send(flags=FINAL)
-            else:
-                self._sender.send(response, flags=FINAL if final else 0)
-        except Exception:  # the client cancelled: sending raises
-            self.client_gone = True
+            if final:
+                self.closed = True
+            if self._sender is None:
+                if response is not None:
+                    self.response = response
+                if final:
+                    self._done.set()
+                return
+            if self.client_gone:
+                if not final:
+                    return
+                response = None  # nobody reads it: only end the stream
+            try:
+                if response is None:
+                    self._sender.send(flags=FINAL)
+                else:
+                    self._sender.send(response, flags=FINAL if final else 0)
+            except Exception:  # the client cancelled: sending raises
+                self.client_gone = True
 
     def fail(self, message: str) -> None:
         error = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
         self.send(error, True)
 
     def is_cancelled(self) -> bool:
-        if not self.client_gone:
+        with self._lock:
+            if self.closed or self.client_gone:
+                return self.client_gone
             source = self._sender if self._sender is not None else self._request
             try:
                 self.client_gone = bool(source.is_cancelled())
             except Exception:
                 pass
-        return self.client_gone
+            return self.client_gone
 
     def wait(self) -> Any:
         self._done.wait()
