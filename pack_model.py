@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=DIR",
-        help="a LoRA adapter in TensorRT-LLM's converted format (model.lora_weights.npy, "
-        "model.lora_config.npy); repeatable. Requests select it by name.",
+        help="a LoRA adapter, repeatable; requests select it by name. Engines: TensorRT-LLM's "
+        "converted format (model.lora_weights.npy, model.lora_config.npy); --workflow llmapi: "
+        "a Hugging Face adapter (adapter_config.json, adapter_model.safetensors)",
     )
 
     cpu = parser.add_argument_group(
@@ -308,9 +309,9 @@ def _check_workflow(args: argparse.Namespace) -> None:
     if args.workflow == "llmapi":
         if args.checkpoint is None and not args.demo and not args.synthetic:
             raise PackError("--workflow llmapi packs --checkpoint DIR (or --demo, --synthetic)")
-        if args.route is not None or args.fill or args.lora:
+        if args.route is not None or args.fill:
             raise PackError(
-                "--route, --fill and --lora belong to the engine workflow; the llmapi workflow "
+                "--route and --fill belong to the engine workflow; the llmapi workflow "
                 "takes LLM API arguments with --llm-arg KEY=VALUE"
             )
     elif args.checkpoint is not None:
@@ -388,7 +389,8 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
         pack = plan_llmapi(
             name=name, checkpoint_dir=checkpoint, tokenizer_dir=args.tokenizer_dir,
             source=source, tp_size=args.tp, pp_size=args.pp, gpus=args.gpus,
-            backend=args.backend, llm_args=llm_args, llmapi_model=args.llmapi_model, **limits,
+            backend=args.backend, llm_args=llm_args, llmapi_model=args.llmapi_model,
+            loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()}, **limits,
         )  # fmt: skip
         return _store_unless_dry_run(pack, describe_llmapi(pack), args)
 

@@ -7,6 +7,7 @@ Layout of a stored llmapi model (paths relative to the model's root, resolved at
                         section) with the tokenizer beside it, served by the CPU stand-in only
     tokenizer/          the tokenizer the service uses (hard links when on one filesystem)
     model_repository/   tensorrt_llm/{config.pbtxt, 1/model.py, 1/model.yaml}
+    loras/NAME/         Hugging Face LoRA adapters (--lora NAME=DIR), read by the LLM API
     trtllm_model.json   manifest: workflow "llmapi", checkpoint summary, limits, model.yaml
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.cpu_engine_config import load_engine_config
+from ..common.lora import LORAS, LoraError, check_hf_adapter_dir, check_name
 from ..common.model_repository import LLMAPI_MODELS, TemplateError
 from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
@@ -46,6 +48,7 @@ class LlmapiPlan:
     source: str = "checkpoint"
     route: str = WORKFLOW
     llmapi_model: str = LLMAPI_MODELS[0]
+    loras: dict[str, list[Path]] = field(default_factory=dict)  # name: its files
     labels: dict[str, str] = field(default_factory=dict)
 
     def files(self) -> list[tuple[Path, Path]]:
@@ -61,6 +64,11 @@ class LlmapiPlan:
             (self.tokenizer_dir / name, Path(TOKENIZER) / name)
             for name in TOKENIZER_FILES
             if (self.tokenizer_dir / name).is_file()
+        ]
+        pairs += [
+            (path, Path(LORAS) / adapter / path.name)
+            for adapter, paths in sorted(self.loras.items())
+            for path in paths
         ]
         return pairs
 
@@ -104,7 +112,7 @@ class LlmapiPlan:
             "checkpoint": self.checkpoint.model_dump(mode="json", exclude={"path"}),
             "limits": self.limits(),
             "model_yaml": self.model_yaml,
-            "loras": [],
+            "loras": sorted(self.loras),
         }
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
@@ -128,6 +136,7 @@ def plan_llmapi(
     max_seq_len: int | None = None,
     llm_args: dict[str, Any] | None = None,
     llmapi_model: str = LLMAPI_MODELS[0],
+    loras: dict[str, Path] | None = None,
 ) -> LlmapiPlan:
     """Validate a checkpoint and decide what to store (raises PackError, writes nothing).
     `source` "synthetic": `checkpoint_dir` is a synthetic CPU engine dir, for the CPU stand-in."""
@@ -148,6 +157,13 @@ def plan_llmapi(
     except CheckpointError as error:
         raise PackError(str(error)) from error
     args = dict(llm_args or {})
+    adapters = _check_loras(loras or {})
+    if adapters:  # --llm-arg lora_config.<field> settings win over the derived ones
+        given = args.get("lora_config")
+        args["lora_config"] = {
+            **lora_config(adapters),
+            **(given if isinstance(given, dict) else {}),
+        }
     for key, value in (
         ("max_batch_size", max_batch_size),
         ("max_input_len", max_input_len),
@@ -183,8 +199,36 @@ def plan_llmapi(
         max_seq_len=seq_len,
         source=source,
         llmapi_model=llmapi_model,
+        loras={name: files for name, (_, files) in adapters.items()},
         labels={"engine": "cpu" if source in CPU_SOURCES else WORKFLOW, "source": source},
     )
+
+
+def _check_loras(loras: dict[str, Path]) -> dict[str, tuple[int, list[Path]]]:
+    """Each Hugging Face adapter's rank and files (PackError names what is wrong)."""
+    checked = {}
+    for name, path in loras.items():
+        try:
+            check_name(name)
+            rank, files = check_hf_adapter_dir(Path(path))
+        except LoraError as error:
+            raise PackError(str(error)) from error
+        checked[name] = (rank, [file.resolve() for file in files])
+    return checked
+
+
+def lora_config(adapters: dict[str, tuple[int, list[Path]]]) -> dict[str, Any]:
+    """model.yaml's `lora_config` for the stored adapters: without one the LLM API ignores
+    LoRA requests. Its fields (lora_dir, max_lora_rank, max_loras, max_cpu_loras) are
+    LoraConfig's as read in TensorRT-LLM's source, not checked against a 1.2 install: pass
+    --llm-arg lora_config.<field>=... to set it yourself. The adapter dirs are relative to the
+    model's root until the service localizes them."""
+    return {
+        "lora_dir": [f"{LORAS}/{name}" for name in sorted(adapters)],
+        "max_lora_rank": max(rank for rank, _ in adapters.values()),
+        "max_loras": len(adapters),
+        "max_cpu_loras": len(adapters),
+    }
 
 
 def synthetic_info(engine_dir: Path) -> CheckpointInfo:

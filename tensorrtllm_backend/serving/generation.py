@@ -215,8 +215,8 @@ class Generator:
             )
         if not self.lora_supported:
             raise RequestError(
-                "LoRA adapters need a TensorRT-LLM engine built with the LoRA plugin; this "
-                "model's engine does not apply them",
+                "LoRA adapters need TensorRT-LLM (an engine built with the LoRA plugin, or the "
+                "LLM API); this model's engine does not apply them",
                 param="lora",
             )
         return adapter

@@ -99,6 +99,7 @@ def _check_llmapi_model(manifest: dict[str, Any]) -> None:
         )
 
 
+LLMAPI_CPU_SOURCES = ("demo", "synthetic")  # llmapi models packed for the CPU stand-in
 # Batch slots of an llmapi model packed without --max-batch-size: the CPU stand-in's default
 # (the LLM API's own is larger); each of a request's n sequences takes one.
 LLMAPI_DEFAULT_MAX_BATCH_SIZE = 64
@@ -195,9 +196,7 @@ class LLMRuntime:
             self.route,
             generation_metrics(),
             self.loras,
-            lora_supported=self.engine is not None
-            and self.engine.kind == "tensorrt_llm"
-            and self.engine.lora_enabled,
+            lora_supported=self._lora_supported(),
             guides=GuideCompiler(tokenizer, self.engine.vocab_size if self.engine else None),
             guides_unsupported=self._guides_unsupported(),
             top_log_probs_unsupported=self._top_log_probs_unsupported(),
@@ -216,6 +215,13 @@ class LLMRuntime:
             triton.grpc_url,
             self.route.value,
         )
+
+    def _lora_supported(self) -> bool:
+        """Engines built with the LoRA plugin apply adapters, and so does the LLM API; the CPU
+        engine and its llmapi stand-in do not."""
+        if self.engine is None:
+            return self.manifest.get("source") not in LLMAPI_CPU_SOURCES
+        return self.engine.kind == "tensorrt_llm" and self.engine.lora_enabled
 
     def _top_log_probs_unsupported(self) -> str | None:
         """Why this model's engine returns no alternatives to the chosen tokens (None: it does:
