@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -51,6 +52,7 @@ MAX_VALIDATION_BODY = 256 * 1024  # BentoML's validation answers are small; larg
 logger = logging.getLogger("bentoml.trtllm.errors")
 
 _KINDS = {401: "authentication_error", 429: "rate_limit_error"}
+_DICT_WORDS = re.compile(r"a valid dictionary( or instance of \w+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,8 @@ def validation_message(error: ValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         message = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', '')})"
         return message.replace(" ()", ""), None
+    # Python's words for JSON's: what is parsed from JSON first reads as "dictionary" otherwise.
+    message = _DICT_WORDS.sub("an object", message)
     return (f"{location}: {message}" if location else message), location or None
 
 

@@ -15,7 +15,12 @@ from tiny_tokenizers import byte_level_bpe  # tests/unit/tiny_tokenizers.py
 from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.packing.demo import BOS, CHAT_TEMPLATE, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.serving.generation import EngineLimits, Generator, encode_prompt
+from tensorrtllm_backend.serving.generation import (
+    MAX_CHARS_PER_TOKEN,
+    EngineLimits,
+    Generator,
+    encode_prompt,
+)
 from tensorrtllm_backend.serving.offload import INLINE_MAX_CHARS, Offloader
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.openai_api.response_format import output_constraint
@@ -49,7 +54,8 @@ async def test_small_work_stays_inline_and_large_work_goes_to_the_pool() -> None
 
 
 async def test_the_loop_keeps_turning_while_a_large_prompt_is_tokenized(tokenizer) -> None:
-    generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS)
+    limits = EngineLimits(max_input_len=100_000, max_seq_len=200_000)
+    generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, limits)
     prompt = "Once upon a time € " * 40_000  # 760k characters, ~350k tokens
     gaps: list[float] = []
 
@@ -70,6 +76,15 @@ async def test_the_loop_keeps_turning_while_a_large_prompt_is_tokenized(tokenize
         await generator.client.close()
     assert raised.value.param == "prompt"
     assert len(gaps) > 10 and max(gaps) < 0.25, f"the loop stalled for {max(gaps):.3f} s"
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_unread(tokenizer, monkeypatch) -> None:
+    generator = Generator(TritonLLMClient.__new__(TritonLLMClient), tokenizer, LIMITS)
+    monkeypatch.setattr(generator, "tokenizer", None)  # never reached
+    prompt = "x" * (LIMITS.max_input_len * MAX_CHARS_PER_TOKEN + 1)
+    with pytest.raises(RequestError, match="max_input_len of 64 tokens") as raised:
+        generator.prepare(prompt, SamplingParams())
+    assert raised.value.param == "prompt"
 
 
 @pytest.mark.parametrize("special", [True, False])
@@ -181,4 +196,65 @@ def test_the_chat_templates_errors_are_told_apart(tokenizer) -> None:
     image = [{"type": "image_url", "image_url": {"url": "x"}}]
     with pytest.raises(OpenAIError, match="not supported") as raised:
         serving.render_chat(request(messages=[{"role": "user", "content": image}]))
+    assert raised.value.status == 400
+
+
+STRICT_BODIES = [
+    b'{"model": "m", "prompt": "hi", "temperature": 1}',
+    b'{"model": "m", "prompt": "hi", "temperature": "0.5"}',
+    b'{"model": "m", "prompt": "hi", "temperature": true}',
+    b'{"model": "m", "prompt": "hi", "temperature": NaN}',
+    b'{"model": "m", "prompt": "hi", "max_tokens": 1.0}',
+    b'{"model": "m", "prompt": "hi", "max_tokens": "10"}',
+    b'{"model": "m", "prompt": "hi", "stream": 1}',
+    b'{"model": "m", "prompt": "hi", "stream": "yes"}',
+    b'{"model": "m", "prompt": "hi", "seed": 18446744073709551616}',
+    b'{"model": "m", "prompt": "hi", "n": 1, "n": 2}',
+    b'{"model": "m", "prompt": ["a", "b"]}',
+    b'{"model": "m", "prompt": "hi", "stop": [1]}',
+    b'{"model": "m", "prompt": "hi", "logprobs": true}',
+    b'{"model": "m", "prompt": "hi", "stream_options": {"include_usage": "yes"}}',
+    b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}',
+    b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}',
+    b'{"model": "m", "messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "always"}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": '
+    b'{"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}}',
+]
+
+
+@pytest.mark.parametrize("body", STRICT_BODIES)
+def test_parsing_then_validating_is_as_strict_as_validating_json(body: bytes) -> None:
+    """routes._validate parses the body and then validates it (to hold the GIL in shorter
+    stretches): the same requests pass, and the same fields fail, as with
+    model_validate_json."""
+    from pydantic import ValidationError
+
+    from tensorrtllm_backend.serving.openai_api.protocol import CompletionRequest
+    from tensorrtllm_backend.serving.openai_api.routes import _validate
+
+    model = ChatCompletionRequest if b"messages" in body else CompletionRequest
+
+    def outcome(validate) -> tuple:  # type: ignore[no-untyped-def]
+        try:
+            return ("ok", validate().model_dump())
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            return ("refused", first["type"], first["loc"])
+
+    assert outcome(lambda: _validate(body, model)[0]) == outcome(
+        lambda: model.model_validate_json(body)
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [(b'{"model": "m", "prompt": ', "not valid JSON"), (b"[1, 2]", "must be a JSON object")],
+)
+def test_bodies_that_are_not_a_json_object(body: bytes, says: str) -> None:
+    from tensorrtllm_backend.serving.openai_api.protocol import CompletionRequest
+    from tensorrtllm_backend.serving.openai_api.routes import _validate
+
+    with pytest.raises(OpenAIError, match=says) as raised:
+        _validate(body, CompletionRequest)
     assert raised.value.status == 400
