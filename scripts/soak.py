@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -289,19 +290,16 @@ class ChaosTally:
         return sum(self.outcomes[name] for name in FAILURES)
 
 
+@dataclass
 class ChaosClient:
     """Sends one request of a kind, leaves early when told to, and judges how it ended."""
 
-    def __init__(
-        self, client: httpx.AsyncClient, model: str, predictor: Predictor, body_limit: int,
-        tally: ChaosTally, request_timeout: float,
-    ) -> None:  # fmt: skip
-        self.client = client
-        self.model = model
-        self.predictor = predictor
-        self.body_limit = body_limit
-        self.tally = tally
-        self.request_timeout = request_timeout
+    client: httpx.AsyncClient
+    model: str
+    predictor: Predictor
+    body_limit: int
+    tally: ChaosTally
+    request_timeout: float
 
     def _body(self, kind: str, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         native = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}

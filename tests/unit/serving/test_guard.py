@@ -89,6 +89,15 @@ def guard(app: Any, **settings: Any) -> GuardMiddleware:
     return GuardMiddleware(app, Settings(max_request_bytes=LIMIT, **settings))
 
 
+async def started(middleware: GuardMiddleware, app: App, path: str) -> tuple[Client, Any]:
+    """A request to `path` under way in the app (the app waits for `release`): its client, and
+    the task serving it."""
+    client = Client([b"{}"])
+    served = asyncio.ensure_future(middleware(client.scope(path), client.receive, client.send))
+    await asyncio.wait_for(app.started.wait(), 5)
+    return client, served
+
+
 @pytest.mark.parametrize("path", ["/generate_text", "/v1/completions"])
 async def test_a_chunked_body_over_the_limit_is_a_413_before_the_api_starts(path: str) -> None:
     app = App()
@@ -121,11 +130,7 @@ async def test_a_body_within_the_limit_reaches_the_api_whole() -> None:
 async def test_the_api_is_cancelled_when_the_client_leaves(stream_first: bool) -> None:
     app = App(stream_first)
     middleware = guard(app)
-    client = Client([b"{}"])
-    served = asyncio.ensure_future(
-        middleware(client.scope("/generate"), client.receive, client.send)
-    )
-    await asyncio.wait_for(app.started.wait(), 5)
+    client, served = await started(middleware, app, "/generate")
     assert middleware.in_flight == 1
     client.leave.set()  # the client disconnects while the answer is not complete
     await asyncio.wait_for(served, 5)
@@ -134,11 +139,7 @@ async def test_the_api_is_cancelled_when_the_client_leaves(stream_first: bool) -
 
 async def test_a_complete_answer_is_not_cancelled_by_the_connection_ending() -> None:
     app = App()
-    client = Client([b"{}"])
-    served = asyncio.ensure_future(
-        guard(app)(client.scope("/v1/models"), client.receive, client.send)
-    )
-    await asyncio.wait_for(app.started.wait(), 5)
+    client, served = await started(guard(app), app, "/v1/models")
     app.release.set()
     await asyncio.wait_for(served, 5)
     assert not app.cancelled and client.status == 200
@@ -146,11 +147,7 @@ async def test_a_complete_answer_is_not_cancelled_by_the_connection_ending() -> 
 
 async def test_a_server_cancelling_the_request_cancels_the_api() -> None:
     app = App()
-    client = Client([b"{}"])
-    served = asyncio.ensure_future(
-        guard(app)(client.scope("/generate"), client.receive, client.send)
-    )
-    await asyncio.wait_for(app.started.wait(), 5)
+    _client, served = await started(guard(app), app, "/generate")
     served.cancel()
     with pytest.raises(asyncio.CancelledError):
         await served
@@ -160,9 +157,7 @@ async def test_a_server_cancelling_the_request_cancels_the_api() -> None:
 async def test_requests_beyond_the_in_flight_bound_get_429_with_retry_after() -> None:
     app = App()
     middleware = guard(app, max_in_flight=1)
-    first = Client([b"{}"])
-    served = asyncio.ensure_future(middleware(first.scope("/generate"), first.receive, first.send))
-    await asyncio.wait_for(app.started.wait(), 5)
+    _first, served = await started(middleware, app, "/generate")
     for path in ("/generate_text", "/v1/chat/completions"):
         second = Client([b"{}"])
         await middleware(second.scope(path), second.receive, second.send)
