@@ -149,7 +149,10 @@ async def _run_while_connected(
 
     async def watch() -> None:
         nonlocal gone
-        message = await receive()
+        try:
+            message = await receive()
+        except Exception:  # the server cannot tell any more: take it as the end
+            message = {"type": "http.disconnect"}
         ended.set_result(message)
         if message["type"] == "http.disconnect" and not complete and not task.done():
             gone = True
