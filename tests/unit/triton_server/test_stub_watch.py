@@ -8,13 +8,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tensorrtllm_backend.triton.stub_watch import StubWatch, python_stubs
+from tensorrtllm_backend.triton.stub_watch import STUB_COMM, StubWatch, python_stubs
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -53,13 +53,27 @@ def start(processes: list[subprocess.Popen[bytes]], *command: str) -> subprocess
     return process
 
 
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
 def wait_zombie(pid: int) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{pid} did not die")
+    assert wait_for(lambda: state_of(pid) == "Z", 30, 0.01), f"{pid} did not die"
+
+
+def children_named(pid: int, comm: str) -> list[int]:
+    """The live children of pid whose executable's name (as /proc keeps it) is `comm`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # not a process, or gone
+            continue
+        head, _, rest = text.rpartition(")")
+        state, parent = rest.split()[:2]
+        if head.partition("(")[2] == comm and int(parent) == pid and state not in "ZX":
+            found.append(int(entry.name))
+    return found
 
 
 def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: list) -> None:
@@ -67,9 +81,12 @@ def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: li
     other = start(processes, "sleep", "60")
     # a grandchild, as under mpirun: bash runs the stub and waits for it
     shell = start(processes, "bash", "-c", f"{stub_binary} 60 & wait")
-    deadline = time.monotonic() + 5
-    while len(found := python_stubs(os.getpid())) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def both() -> dict[int, bool]:
+        found = python_stubs(os.getpid())
+        return found if len(found) >= 2 else {}
+
+    found = wait_for(both, 30, 0.01)
     assert found[stub.pid] is True
     assert other.pid not in found and shell.pid not in found
     assert len(found) == 2
@@ -94,6 +111,26 @@ def test_a_dead_stub_is_reported_once(
     second.wait()  # reaped: gone from /proc
     assert watch.dead() == [f"? (pid {second.pid})"]  # no model argument
     assert watch.dead() == []
+
+
+def test_children_of_a_stub_are_not_stubs(tmp_path: Path, processes: list) -> None:
+    """A model that forks (multiprocessing; a subprocess before its exec) has children named like
+    its stub: their exit is the model's business, not a dead stub. A copy of bash named like the
+    stub runs a subshell, itself a copy of bash with the stub's name, that the test then kills."""
+    binary = tmp_path / "triton_python_backend_stub"
+    shutil.copy(shutil.which("bash") or "/bin/bash", binary)
+    script = tmp_path / "model.py"
+    script.write_text("(sleep 60; :) &\nsleep 60\n")
+    stub = start(processes, str(binary), str(script))
+    (child,) = wait_for(lambda: children_named(stub.pid, STUB_COMM), 30)
+
+    watch = StubWatch(os.getpid(), rescan_every=1)
+    assert sorted(python_stubs(os.getpid())) == [stub.pid]
+    assert watch.dead() == []
+    os.kill(child, signal.SIGKILL)
+    assert wait_for(lambda: not children_named(stub.pid, STUB_COMM), 30), "subshell not reaped"
+    assert watch.dead() == []
+    assert python_stubs(os.getpid()) == {stub.pid: True}
 
 
 def test_a_stub_dead_before_the_first_look_is_reported(stub_binary: Path, processes: list) -> None:
