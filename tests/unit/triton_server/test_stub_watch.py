@@ -61,19 +61,15 @@ def wait_zombie(pid: int) -> None:
     assert wait_for(lambda: state_of(pid) == "Z", 30, 0.01), f"{pid} did not die"
 
 
-def children_named(pid: int, comm: str) -> list[int]:
-    """The live children of pid whose executable's name (as /proc keeps it) is `comm`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:  # not a process, or gone
-            continue
-        head, _, rest = text.rpartition(")")
-        state, parent = rest.split()[:2]
-        if head.partition("(")[2] == comm and int(parent) == pid and state not in "ZX":
-            found.append(int(entry.name))
-    return found
+def comm_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[0].partition("(")[2]
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return state_of(pid) == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: list) -> None:
@@ -119,16 +115,21 @@ def test_children_of_a_stub_are_not_stubs(tmp_path: Path, processes: list) -> No
     stub runs a subshell, itself a copy of bash with the stub's name, that the test then kills."""
     binary = tmp_path / "triton_python_backend_stub"
     shutil.copy(shutil.which("bash") or "/bin/bash", binary)
+    child_pid = tmp_path / "child.pid"
     script = tmp_path / "model.py"
-    script.write_text("(sleep 60; :) &\nsleep 60\n")
+    script.write_text(
+        f"(echo $BASHPID > {child_pid}.tmp; mv {child_pid}.tmp {child_pid}; sleep 60; :) &\nsleep 60\n"
+    )
     stub = start(processes, str(binary), str(script))
-    (child,) = wait_for(lambda: children_named(stub.pid, STUB_COMM), 30)
+    assert wait_for(child_pid.exists, 30), "the stub did not start its subshell"
+    child = int(child_pid.read_text())
+    assert state_of(child) != "Z" and comm_of(child) == STUB_COMM
 
     watch = StubWatch(os.getpid(), rescan_every=1)
     assert sorted(python_stubs(os.getpid())) == [stub.pid]
     assert watch.dead() == []
     os.kill(child, signal.SIGKILL)
-    assert wait_for(lambda: not children_named(stub.pid, STUB_COMM), 30), "subshell not reaped"
+    assert wait_for(lambda: gone_or_zombie(child), 30), "the subshell did not die"
     assert watch.dead() == []
     assert python_stubs(os.getpid()) == {stub.pid: True}
 
