@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,8 @@ import httpx
 import openai
 import psutil
 import pytest
+
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -159,17 +160,15 @@ def test_third_concurrent_stream_gets_429_with_retry_after(secured: BentoServer)
     for thread in threads:
         thread.join(30)
     assert statuses == [200, 200]
-    # the slots are free again
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def answered() -> httpx.Response | None:
         again = httpx.post(
             f"{secured.url}/generate_text", json={"prompt": "hi", "max_tokens": 2}, headers=AUTH,
             timeout=TIMEOUT,
         )  # fmt: skip
-        if again.status_code == 200:
-            break
-        time.sleep(0.2)
-    assert again.status_code == 200, again.text
+        return again if again.status_code == 200 else None
+
+    assert wait_for(answered, 30, 0.2), "the in-flight slots were not free again"
 
 
 def test_no_shell_true_anywhere() -> None:

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from tensorrtllm_backend.triton.install import (
     find_tritonserver,
 )
 from tensorrtllm_backend.triton.supervisor import ServerState, TritonSupervisor
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,15 +111,6 @@ def kill_all(processes: list[psutil.Process]) -> None:
     for process in alive(processes):
         with contextlib.suppress(psutil.Error):
             process.kill()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def listening_ports(pid: int) -> dict[int, str]:

@@ -355,7 +355,7 @@ def test_idle_keep_alive_connection_outlives_common_client_expiry(
     request = f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
-        time.sleep(6)
+        time.sleep(6)  # the idle time under test, longer than a 5 s keep-alive
         assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
 
 
