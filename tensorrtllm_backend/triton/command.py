@@ -1,13 +1,16 @@
 """tritonserver's command line: loopback ports, the configuration of one server, argv (with
-mpirun for several ranks), and the environment its python stubs need."""
+mpirun for several ranks) behind its parent-death wrapper, and the environment its python
+stubs need."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import functools
+import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -17,6 +20,8 @@ from pathlib import Path
 
 from ..settings import BACKEND_PYTHONPATH_ENV
 from .install import TritonInstallation
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -216,11 +221,42 @@ def tritonserver_environment(
     return env
 
 
-_PR_SET_PDEATHSIG = 1
+def _setpriv_with_pdeathsig() -> str | None:
+    """util-linux's setpriv, if it is here and knows --pdeathsig (util-linux >= 2.33: Debian 10,
+    Ubuntu 20.04 and the NGC images built on them or later)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    try:
+        usage = subprocess.run(
+            [setpriv, "--help"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return setpriv if "--pdeathsig" in usage else None
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: get SIGKILLed when the spawning thread dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+@functools.cache
+def _death_signal_wrapper() -> str | None:
+    """Found once per process, and said once: whether children follow their spawning thread."""
+    setpriv = _setpriv_with_pdeathsig()
+    if setpriv is None:
+        logger.warning(
+            "util-linux setpriv with --pdeathsig was not found: tritonserver will not die with a "
+            "SIGKILLed worker (a stopped worker still stops it; install util-linux to close this)"
+        )
+    return setpriv
+
+
+def with_death_signal(command: Sequence[str], sig: signal.Signals = signal.SIGKILL) -> list[str]:
+    """`command` run through `setpriv --pdeathsig`, so that the child gets `sig` when the thread
+    that spawned it ends (the worker's supervisor thread, with the worker itself).
+
+    The parent-death signal is set by setpriv after the fork and kept across its exec, so no
+    Python runs between fork and exec (a `preexec_fn` in a multithreaded parent can deadlock
+    the child). Where setpriv is missing, `command` runs as is.
+    """
+    setpriv = _death_signal_wrapper()
+    if setpriv is None:
+        return list(command)
+    return [setpriv, f"--pdeathsig={sig.name.removeprefix('SIG')}", "--", *command]

@@ -2,8 +2,11 @@
 ready, watch it, restart it when it dies, and stop it without leaving any process behind.
 
 The service owns exactly one :class:`TritonSupervisor`. All process spawning happens on the
-supervisor's own thread: ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits,
-so tritonserver dies with the thread that owns it and never outlives a SIGKILLed service.
+supervisor's own thread: tritonserver is exec'd through ``setpriv --pdeathsig KILL``
+(`command.with_death_signal`), and the parent-death signal fires when the *thread* that forked
+the child exits, so tritonserver dies with the thread that owns it and never outlives a
+SIGKILLed service. With several ranks it is mpirun that gets the signal; stop() kills the whole
+process group, ranks included.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ from .command import (
     TritonPorts,
     TritonServerConfig,
     build_command,
-    die_with_parent,
     find_free_port,
     port_free,
     probe_ready,
     tritonserver_environment,
+    with_death_signal,
 )
 from .install import (
     TritonError,
@@ -346,13 +349,12 @@ class TritonSupervisor(TritonEndpoints):
         logger.info("starting tritonserver: %s", " ".join(command))
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                command,
+                with_death_signal(command),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._environment(installation),
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
         run = _Run(process, ports, log_path)
         self._run = run

@@ -1,6 +1,7 @@
 """Security on a real `bentoml serve`: Triton on loopback only, the optional API key on
 every API (native and OpenAI) with health and metrics open, the in-flight bound (429 +
-Retry-After), unguessable request ids, and no shell=True anywhere in the repository."""
+Retry-After), unguessable request ids, and neither shell=True nor preexec_fn anywhere in the
+repository."""
 
 from __future__ import annotations
 
@@ -172,8 +173,9 @@ def test_third_concurrent_stream_gets_429_with_retry_after(secured: BentoServer)
     assert again.status_code == 200, again.text
 
 
-def test_no_shell_true_anywhere() -> None:
-    needle = re.compile(r"shell\s*=\s*True|os\.system\(|os\.popen\(")
+def _repository_lines(needle: re.Pattern[str]) -> list[str]:
+    """Lines of the repository's Python files that match `needle` (this file excepted: it
+    names the patterns it looks for)."""
     offenders = []
     for path in ROOT.rglob("*.py"):
         relative = path.relative_to(ROOT)
@@ -184,4 +186,16 @@ def test_no_shell_true_anywhere() -> None:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if needle.search(line):
                 offenders.append(f"{relative}:{number}: {line.strip()}")
+    return offenders
+
+
+def test_no_shell_true_anywhere() -> None:
+    offenders = _repository_lines(re.compile(r"shell\s*=\s*True|os\.system\(|os\.popen\("))
+    assert not offenders, offenders
+
+
+def test_no_preexec_fn_anywhere() -> None:
+    """Python run between fork and exec in a multithreaded process can deadlock the child; a
+    parent-death signal comes from `setpriv --pdeathsig` (command.with_death_signal)."""
+    offenders = _repository_lines(re.compile(r"preexec_fn\s*="))
     assert not offenders, offenders
