@@ -7,6 +7,10 @@ supervisor's own thread: tritonserver is exec'd through ``setpriv --pdeathsig KI
 the child exits, so tritonserver dies with the thread that owns it and never outlives a
 SIGKILLed service. With several ranks it is mpirun that gets the signal; stop() kills the whole
 process group, ranks included.
+
+Each start draws a new :class:`ControlSecret`: Triton's model-control, shared-memory, log,
+trace and statistics APIs answer only requests that carry it (`control`), and it is never
+logged.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from .command import (
     LOOPBACK,
+    ControlSecret,
     TritonEndpoints,
     TritonPorts,
     TritonServerConfig,
@@ -74,6 +79,7 @@ class _Run:
     process: subprocess.Popen[bytes]
     ports: TritonPorts
     log_path: Path
+    control: ControlSecret
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -132,6 +138,11 @@ class TritonSupervisor(TritonEndpoints):
     @property
     def pid(self) -> int | None:
         return self._run.process.pid if self._run else None
+
+    @property
+    def control(self) -> ControlSecret | None:
+        """The secret the running tritonserver's restricted APIs expect (None while none runs)."""
+        return self._run.control if self._run else None
 
     @property
     def log_path(self) -> Path | None:
@@ -344,9 +355,10 @@ class TritonSupervisor(TritonEndpoints):
         repository = Path(self.config.model_repository)
         if not repository.is_dir():
             raise TritonStartupError(f"model repository {repository} is not a directory")
-        command = build_command(installation, self.config, ports)
+        control = ControlSecret()
+        command = build_command(installation, self.config, ports, control)
         log_path = self._log_dir / f"tritonserver-{int(time.time() * 1000)}.log"
-        logger.info("starting tritonserver: %s", " ".join(command))
+        logger.info("starting tritonserver: %s", control.redact(command))
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 with_death_signal(command),
@@ -356,7 +368,7 @@ class TritonSupervisor(TritonEndpoints):
                 env=self._environment(installation),
                 start_new_session=True,
             )
-        run = _Run(process, ports, log_path)
+        run = _Run(process, ports, log_path, control)
         self._run = run
         return run
 

@@ -1,5 +1,6 @@
-"""tritonserver's command line (triton/command.py): the parent-death wrapper. build_command's
-rank layout is checked in tests/integration/test_server.py, next to the real tritonserver."""
+"""tritonserver's command line and environment (triton/command.py): the parent-death wrapper, the
+control-plane secret, and what the stubs inherit. build_command's rank layout is checked in
+tests/integration/test_server.py, next to the real tritonserver."""
 
 from __future__ import annotations
 
@@ -13,7 +14,49 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend.triton import command
-from tensorrtllm_backend.triton.command import with_death_signal
+from tensorrtllm_backend.triton.command import (
+    CONTROL_HEADER,
+    ControlSecret,
+    TritonPorts,
+    TritonServerConfig,
+    build_command,
+    tritonserver_environment,
+    with_death_signal,
+)
+from tensorrtllm_backend.triton.install import TritonInstallation
+
+INSTALLATION = TritonInstallation(Path("/opt/tritonserver/bin/tritonserver"))
+
+
+def test_tritonserver_gets_no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every python stub inherits tritonserver's environment: the service's key stays out."""
+    monkeypatch.setenv("TRTLLM_API_KEY", "s3cret-key")
+    monkeypatch.setenv("TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S", "7")
+    env = tritonserver_environment(INSTALLATION, ["/somewhere"])
+    assert "TRTLLM_API_KEY" not in env
+    assert not [name for name, value in env.items() if "s3cret-key" in value]
+    assert env["TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S"] == "7"  # the stubs' own settings pass
+
+
+def test_the_secret_restricts_rank_0_and_is_hidden_from_logs(tmp_path: Path) -> None:
+    control = ControlSecret()
+    assert len(control.value) >= 40 and ControlSecret().value != control.value
+    assert control.value not in repr(control)
+    config = TritonServerConfig(model_repository=tmp_path, world_size=2)
+    argv = build_command(INSTALLATION, config, TritonPorts(1, 2, 3), control)
+    restricted = [arg for arg in argv if control.value in arg]
+    apis = "model-repository,shared-memory,statistics,trace,logging"
+    assert restricted == [
+        f"--grpc-restricted-protocol={apis}:{CONTROL_HEADER}={control.value}",
+        f"--http-restricted-api={apis}:{CONTROL_HEADER}={control.value}",
+    ]
+    assert argv.index(restricted[0]) < argv.index(":")  # rank 0 only: the others serve no API
+    line = control.redact(argv)
+    assert control.value not in line and "<secret>" in line
+    assert control.grpc_headers == {f"triton-grpc-protocol-{CONTROL_HEADER}": control.value}
+    assert control.http_headers == {CONTROL_HEADER: control.value}
+    unrestricted = build_command(INSTALLATION, config, TritonPorts(1, 2, 3))
+    assert not [arg for arg in unrestricted if "restricted" in arg]
 
 
 @pytest.fixture
