@@ -1,0 +1,92 @@
+"""A BentoML worker follows its arbiter: when `bentoml serve` dies, the worker shuts down.
+
+BentoML starts each worker in a session of its own, so a SIGKILL of `bentoml serve`, or of its
+process group, does not reach the workers: re-parented to init, each would keep the listening
+socket, its tritonserver and its stubs running. So the worker asks for SIGTERM when its parent
+dies (``PR_SET_PDEATHSIG``), and a daemon thread also compares the parent pid with the one seen
+at start every second (for where prctl is missing, and for a parent that died before the
+request). Both end in SIGTERM to the worker itself, the signal its arbiter sends to stop it:
+uvicorn shuts down, the service's on_shutdown hook stops tritonserver, the socket closes. A
+shutdown still running after `grace_s` (what the arbiter would have granted) ends in SIGKILL,
+which tritonserver follows through its own parent-death signal.
+
+Nothing here is on the request path: one syscall at start and one `getppid()` a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import threading
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+# circus' graceful_timeout: how long `bentoml serve` lets a stopping worker take.
+ARBITER_GRACE_S = 30.0
+
+
+def request_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel for signal `sig` when the parent dies (0: none); False where prctl is not
+    available.
+
+    The kernel sends it when the parent *thread* that forked this process exits: BentoML's
+    arbiter forks its workers from its main thread, so that is when the arbiter exits. The
+    setting belongs to the calling thread, which must be this process's main thread (the one
+    that lives as long as the process).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
+    return False
+
+
+class ParentWatch:
+    """SIGTERM to this process once its parent is gone; SIGKILL `grace_s` later if still alive."""
+
+    def __init__(self, interval_s: float = 1.0, grace_s: float = ARBITER_GRACE_S) -> None:
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.parent = os.getppid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="parent-watch", daemon=True)
+
+    def start(self, death_signal: bool = True) -> ParentWatch:
+        if death_signal and not request_parent_death_signal(signal.SIGTERM):
+            logger.info("no parent-death signal here: watching the parent pid only")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if os.getppid() != self.parent:
+                break
+        else:
+            return
+        logger.warning(
+            "the parent of this worker (pid %d, `bentoml serve`) is gone: shutting down",
+            self.parent,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+        if not self._stop.wait(self.grace_s):
+            logger.error("shutdown still running after %.0f s: killing this worker", self.grace_s)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+_watch: ParentWatch | None = None
+
+
+def follow_parent() -> ParentWatch:
+    """Start this worker's watch, once per process (call it from the main thread)."""
+    global _watch
+    if _watch is None:
+        _watch = ParentWatch().start()
+    return _watch
