@@ -5,8 +5,7 @@ The service owns exactly one :class:`TritonSupervisor`. All process spawning hap
 supervisor's own thread: tritonserver is exec'd through ``setpriv --pdeathsig KILL``
 (`command.with_death_signal`), and the parent-death signal fires when the *thread* that forked
 the child exits, so tritonserver dies with the thread that owns it and never outlives a
-SIGKILLed service. With several ranks it is mpirun that gets the signal; stop() kills the whole
-process group, ranks included.
+SIGKILLed service. With several ranks it is mpirun that gets the signal.
 
 Each start draws a new :class:`ControlSecret`: Triton's model-control, shared-memory, log,
 trace and statistics APIs answer only requests that carry it (`control`), and it is never
