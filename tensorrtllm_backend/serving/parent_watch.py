@@ -4,9 +4,10 @@ BentoML starts each worker in a session of its own, so a SIGKILL of `bentoml ser
 process group, does not reach the workers: re-parented to init, each would keep the listening
 socket, its tritonserver and its stubs running. So the worker asks for SIGTERM when its parent
 dies (``PR_SET_PDEATHSIG``), and a daemon thread also compares the parent pid with the one seen
-at start every second (for where prctl is missing, and for a parent that died before the
-request). Both end in SIGTERM to the worker itself, the signal its arbiter sends to stop it:
-uvicorn shuts down, the service's on_shutdown hook stops tritonserver, the socket closes. A
+at start every second (for where prctl is missing). A worker whose arbiter died while it was
+still starting is already a child of init when it asks: a parent pid 1 that is not `bentoml
+serve` (as it is when a container starts it first) counts as a dead parent. All of these end in
+SIGTERM to the worker itself, the signal its arbiter sends to stop it: uvicorn shuts down, the service's on_shutdown hook stops tritonserver, the socket closes. A
 shutdown still running after `grace_s` (what the arbiter would have granted) ends in SIGKILL,
 which tritonserver follows through its own parent-death signal.
 
@@ -21,12 +22,23 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_INIT_PID = 1
 # circus' graceful_timeout: how long `bentoml serve` lets a stopping worker take.
 ARBITER_GRACE_S = 30.0
+
+
+def is_bentoml_serve(pid: int) -> bool:
+    """Whether process `pid` runs `bentoml serve` (False when it cannot be read)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(b"bentoml" in part for part in command) and b"serve" in command
 
 
 def request_parent_death_signal(sig: int) -> bool:
@@ -53,6 +65,8 @@ class ParentWatch:
         self.interval_s = interval_s
         self.grace_s = grace_s
         self.parent = os.getppid()
+        # Init's child already: the arbiter died before this watch began (unless it is init).
+        self.orphaned_at_start = self.parent == _INIT_PID and not is_bentoml_serve(_INIT_PID)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="parent-watch", daemon=True)
 
@@ -65,16 +79,14 @@ class ParentWatch:
     def stop(self) -> None:
         self._stop.set()
 
+    def _orphaned(self) -> bool:
+        return self.orphaned_at_start or os.getppid() != self.parent
+
     def _watch(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if os.getppid() != self.parent:
-                break
-        else:
-            return
-        logger.warning(
-            "the parent of this worker (pid %d, `bentoml serve`) is gone: shutting down",
-            self.parent,
-        )
+        while not self._orphaned():
+            if self._stop.wait(self.interval_s):
+                return
+        logger.warning("the parent of this worker (`bentoml serve`) is gone: shutting down")
         os.kill(os.getpid(), signal.SIGTERM)
         if not self._stop.wait(self.grace_s):
             logger.error("shutdown still running after %.0f s: killing this worker", self.grace_s)
