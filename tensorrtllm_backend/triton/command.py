@@ -304,7 +304,9 @@ def with_death_signal(command: Sequence[str], sig: signal.Signals = signal.SIGKI
 
     The parent-death signal is set by setpriv after the fork and kept across its exec, so no
     Python runs between fork and exec (a `preexec_fn` in a multithreaded parent can deadlock
-    the child). Where setpriv is missing, `command` runs as is.
+    the child). As setpriv asks for it a moment after Popen returns, the spawning thread must
+    not end at once (the supervisor's lives as long as its tritonserver). Where setpriv is
+    missing, `command` runs as is.
     """
     setpriv = _death_signal_wrapper()
     if setpriv is None:

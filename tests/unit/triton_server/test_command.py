@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,18 @@ def test_the_child_dies_with_the_thread_that_spawned_it() -> None:
     if shutil.which("setpriv") is None:
         pytest.skip("util-linux setpriv is not installed here")
     spawned: list[subprocess.Popen[bytes]] = []
-    thread = threading.Thread(
-        target=lambda: spawned.append(subprocess.Popen(with_death_signal(["sleep", "60"])))
-    )
+
+    def spawn() -> None:
+        child = subprocess.Popen(with_death_signal(["sleep", "60"]))
+        spawned.append(child)
+        # setpriv asks for the signal after the fork: a thread that ended before that would
+        # never send it. Once `sleep` runs, setpriv has done so.
+        comm = Path(f"/proc/{child.pid}/comm")
+        deadline = time.monotonic() + 10
+        while comm.read_text().strip() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=spawn)
     thread.start()
     thread.join()
     (child,) = spawned
