@@ -19,7 +19,7 @@ import openai
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from test_server import echo, kill_all, process_tree, write_echo_repository
+from test_server import echo, kill_all, process_tree, wait_for, write_echo_repository
 from tritonclient.utils import InferenceServerException
 
 from tensorrtllm_backend.triton.command import TritonServerConfig
@@ -257,7 +257,7 @@ def test_model_unload_without_the_secret_is_refused(throwaway_triton) -> None:
         assert client.is_model_ready("echo")
 
         client.unload_model("echo", headers=control.grpc_headers)
-        assert _waits_for(lambda: not client.is_model_ready("echo"))
+        assert wait_for(lambda: not client.is_model_ready("echo"), 10)
         client.load_model("echo", headers=control.grpc_headers)
         assert client.is_model_ready("echo")
         unloaded = httpx.post(
@@ -265,7 +265,7 @@ def test_model_unload_without_the_secret_is_refused(throwaway_triton) -> None:
             timeout=TIMEOUT,
         )  # fmt: skip
         assert unloaded.status_code == 200, unloaded.text
-        assert _waits_for(lambda: not client.is_model_ready("echo"))
+        assert wait_for(lambda: not client.is_model_ready("echo"), 10)
         client.load_model("echo", headers=control.grpc_headers)
     assert echo(throwaway_triton.grpc_url, [3.0]) == [6.0]
 
@@ -277,7 +277,7 @@ def test_the_secret_is_fresh_at_each_start_and_never_logged(throwaway_triton) ->
     for process in [triton, *triton.children(recursive=True)]:
         assert not [v for v in process.environ().values() if secret in v], process
     throwaway_triton.restart("a test wants a new secret")
-    assert _waits_for(lambda: throwaway_triton.pid != triton.pid, 60)
+    assert wait_for(lambda: throwaway_triton.pid != triton.pid, 60)
     assert throwaway_triton.wait_ready(60)
     assert throwaway_triton.control.value != secret
     refused = httpx.post(
@@ -285,15 +285,6 @@ def test_the_secret_is_fresh_at_each_start_and_never_logged(throwaway_triton) ->
         headers={"trtllm-triton-control": secret}, timeout=TIMEOUT,
     )  # fmt: skip
     assert refused.status_code == 403  # the last run's secret opens nothing
-
-
-def _waits_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def _repository_lines(needle: re.Pattern[str]) -> list[str]:
