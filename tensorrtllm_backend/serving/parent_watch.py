@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,6 @@ class ParentWatch:
         self.parent = os.getppid()
         # Init's child already: the arbiter died before this watch began (unless it is init).
         self.orphaned_at_start = self.parent == _INIT_PID and not is_bentoml_serve(_INIT_PID)
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="parent-watch", daemon=True)
 
     def start(self, death_signal: bool = True) -> ParentWatch:
@@ -76,21 +76,17 @@ class ParentWatch:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _orphaned(self) -> bool:
         return self.orphaned_at_start or os.getppid() != self.parent
 
     def _watch(self) -> None:
         while not self._orphaned():
-            if self._stop.wait(self.interval_s):
-                return
+            time.sleep(self.interval_s)
         logger.warning("the parent of this worker (`bentoml serve`) is gone: shutting down")
         os.kill(os.getpid(), signal.SIGTERM)
-        if not self._stop.wait(self.grace_s):
-            logger.error("shutdown still running after %.0f s: killing this worker", self.grace_s)
-            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(self.grace_s)
+        logger.error("shutdown still running after %.0f s: killing this worker", self.grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 _watch: ParentWatch | None = None
