@@ -41,6 +41,7 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
+from tensorrtllm_backend.serving.parent_watch import follow_parent
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
@@ -91,6 +92,7 @@ class TRTLLM:
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
+        follow_parent()  # a worker outlives a killed `bentoml serve` otherwise
         try:
             await self.runtime.start()
         except TritonSetupError as error:

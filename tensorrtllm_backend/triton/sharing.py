@@ -10,6 +10,10 @@ The worker that holds an exclusive lock named after the gRPC port runs tritonser
 trying the lock: when the owner goes away (a crash, or a stopped worker; inside a container
 BentoML does not respawn dead workers), tritonserver dies with it and one of them starts a new
 one on the same ports, where every worker's gRPC channel reconnects.
+
+No worker calls Triton's restricted APIs (model control and the like, see
+`command.ControlSecret`): inference, health and metadata are open to all of them, so the
+owner's secret never leaves its supervisor.
 """
 
 from __future__ import annotations
