@@ -112,10 +112,11 @@ class TRTLLM:
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
-        if await self.runtime.is_ready():
+        reason = self.runtime.not_ready_reason()  # from state: no I/O on the probe's path
+        if reason is None:
             return True
         # BentoML answers False with a fixed text; this 503 says why (failed, restarting...).
-        raise HTTPException(503, detail=self.runtime.not_ready_reason())
+        raise HTTPException(503, detail=reason)
 
     def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)

@@ -97,14 +97,27 @@ def find_free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def probe_ready(ports: TritonPorts, timeout: float) -> bool:
-    """Triton's own readiness endpoint (server live and every loaded model ready)."""
+def check_ready(ports: TritonPorts, timeout: float) -> bool | None:
+    """Triton's own readiness endpoint (server live and every loaded model ready): True when it
+    says ready; False when it says not ready or nothing listens; None when no answer came within
+    `timeout`, which on a busy host says nothing either way."""
     url = f"{ports.http_url}/v2/health/ready"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+            return bool(response.status == 200)
+    except urllib.error.HTTPError:  # it answered: not ready
         return False
+    except urllib.error.URLError as error:
+        return None if isinstance(error.reason, TimeoutError) else False
+    except TimeoutError:  # connected, but the answer did not come in time
+        return None
+    except (OSError, ValueError):
+        return False
+
+
+def probe_ready(ports: TritonPorts, timeout: float) -> bool:
+    """Whether Triton says it is ready, answering within `timeout`."""
+    return check_ready(ports, timeout) is True
 
 
 def _site_packages() -> list[str]:

@@ -150,12 +150,19 @@ class TritonSupervisor(TritonEndpoints):
     def loglog_tail(self, lines: int = 40) -> str:
         return log_tail(self._run.log_path, lines) if self._run else ""
 
-    def is_ready(self) -> bool:
-        """Ready means: our process is alive and Triton's own readiness endpoint says so."""
+    @property
+    def running_since(self) -> float | None:
+        """When the running tritonserver started (``time.monotonic()``); None while none runs
+        (stopped, failed, or dead and not yet replaced). No I/O: /readyz asks it on every call,
+        and a dead tritonserver reads as such at once, before the watch loop's next tick."""
         run = self._run
-        if self._state is not ServerState.READY or run is None or run.process.poll() is not None:
-            return False
-        return probe_ready(run.ports, timeout=1.0)
+        if run is None or run.process.poll() is not None:
+            return None
+        return run.started_at
+
+    def is_ready(self) -> bool:
+        """Started, found ready by its start-up check, and still running (no I/O)."""
+        return self._state is ServerState.READY and self.running_since is not None
 
     def start(self) -> None:
         """Start tritonserver and block until it is ready (raises TritonStartupError)."""

@@ -187,6 +187,14 @@ def serves_requests(url: str, max_tokens: int = 4) -> bool:
     return response.status_code == 200
 
 
+def readyz_status(url: str, timeout: float = 10.0) -> int:
+    """/readyz's status code right now; 0 when the server did not answer."""
+    try:
+        return httpx.get(f"{url}/readyz", timeout=timeout).status_code
+    except httpx.HTTPError:
+        return 0
+
+
 def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,11 +18,12 @@ import openai
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from test_server import echo, kill_all, process_tree, wait_for, write_echo_repository
+from test_server import echo, kill_all, process_tree, write_echo_repository
 from tritonclient.utils import InferenceServerException
 
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -166,17 +166,15 @@ def test_third_concurrent_stream_gets_429_with_retry_after(secured: BentoServer)
     for thread in threads:
         thread.join(30)
     assert statuses == [200, 200]
-    # the slots are free again
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def answered() -> httpx.Response | None:
         again = httpx.post(
             f"{secured.url}/generate_text", json={"prompt": "hi", "max_tokens": 2}, headers=AUTH,
             timeout=TIMEOUT,
         )  # fmt: skip
-        if again.status_code == 200:
-            break
-        time.sleep(0.2)
-    assert again.status_code == 200, again.text
+        return again if again.status_code == 200 else None
+
+    assert wait_for(answered, 30, 0.2), "the in-flight slots were not free again"
 
 
 def test_triton_and_its_stubs_never_see_the_api_key(secured: BentoServer) -> None:
