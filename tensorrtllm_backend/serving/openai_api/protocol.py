@@ -2,7 +2,8 @@
 
 Types are strict at this edge (`"stream": "yes"` or `"max_tokens": "10"` is a 400). Fields of
 OpenAI's request schema that cannot be honoured here are a 400 naming them; fields OpenAI does not
-define are accepted, and the route logs their names once per request (see `unknown_fields`).
+define are accepted, and the route logs each such name once (`unknown_fields`,
+`routes.UnknownFieldLog`).
 """
 
 from __future__ import annotations
