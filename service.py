@@ -18,6 +18,7 @@ import bentoml
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from tensorrtllm_backend.serving.apis import NATIVE_LABEL
 from tensorrtllm_backend.serving.deployment import (
     end_serving,
     freeze_startup_heap,
@@ -41,8 +42,9 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
+from tensorrtllm_backend.serving.parent_watch import follow_parent
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
+from tensorrtllm_backend.serving.runtime import LLMRuntime
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
 from tensorrtllm_backend.settings import load_settings
@@ -87,7 +89,7 @@ class TRTLLM:
 
     def __init__(self) -> None:
         try:
-            self.runtime = LLMRuntime(Path(self.model.path), RuntimeSettings.from_env())
+            self.runtime = LLMRuntime(Path(self.model.path), load_settings())
         except ValueError as error:  # a model or setting this service cannot serve
             end_serving(error)
             raise
@@ -95,6 +97,7 @@ class TRTLLM:
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
+        follow_parent()  # a worker outlives a killed `bentoml serve` otherwise
         try:
             await self.runtime.start()
         except TritonSetupError as error:
@@ -114,30 +117,32 @@ class TRTLLM:
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
-        if await self.runtime.is_ready():
+        reason = self.runtime.not_ready_reason()  # from state: no I/O on the probe's path
+        if reason is None:
             return True
         # BentoML answers False with a fixed text; this 503 says why (failed, restarting...).
-        raise HTTPException(503, detail=self.runtime.not_ready_reason())
+        raise HTTPException(503, detail=reason)
 
-    def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
+    async def _admit(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)
         params = SamplingParams(**request.model_dump(exclude={"prompt", "lora"}))
-        return self.runtime.generator.prepare(request.prompt, params, lora=request.lora)
+        return await self.runtime.generator.admit(
+            request.prompt, params, api=NATIVE_LABEL, lora=request.lora
+        )
 
     @bentoml.api(input_spec=GenerateRequest)
     async def generate(self, **fields: Any) -> AsyncGenerator[str, None]:
         """Stream the completion of `prompt` as text chunks."""
         try:
-            prepared = self._prepare(fields)
-            await self.runtime.generator.check_guide(prepared)
+            prepared = await self._admit(fields)
             if prepared.params.num_return_sequences > 1:
                 raise RequestError(
                     "generate streams one sequence as plain text: ask for several with "
                     "generate_text, or with n on /v1/completions or /v1/chat/completions",
                     param="num_return_sequences",
                 )
-        except RequestError as error:
-            raise as_api_error(error) from None
+        except Exception as error:
+            raise as_api_error(error, "/generate") from None
         first = True
         try:
             interval = self.runtime.settings.stream_interval
@@ -152,7 +157,7 @@ class TRTLLM:
                 # BentoML ends a stream normally on an Exception; this one aborts the
                 # connection, so the client sees an incomplete response, not a short answer.
                 raise StreamAborted(str(error)) from error
-            raise as_api_error(error) from None
+            raise as_api_error(error, "/generate", prepared.request_id) from None
 
     async def _texts(self, prepared: PreparedRequest) -> AsyncIterator[str]:
         async with aclosing(self.runtime.generator.stream(prepared)) as chunks:
@@ -164,11 +169,10 @@ class TRTLLM:
     async def generate_text(self, **fields: Any) -> GenerateResponse:
         """The whole completion of `prompt` at once, with token counts and finish reason."""
         try:
-            prepared = self._prepare(fields)
-            await self.runtime.generator.check_guide(prepared)
+            prepared = await self._admit(fields)
             result = await self.runtime.generator.collect(prepared)
         except Exception as error:
-            response: JSONResponse = error_response(error)
+            response: JSONResponse = error_response(error, "/generate_text")
             return response  # type: ignore[return-value]
         # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
         response = result.to_response(self.runtime.generator.token_strings)

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import bentoml
@@ -20,6 +19,8 @@ import bentoml
 from ..common.model_store import FORMAT
 from ..settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
 from ..triton.command import find_free_port
+from .apis import streaming_paths
+from .parent_watch import is_bentoml_serve
 
 DEFAULT_MODEL = "trtllm-demo:latest"
 
@@ -85,16 +86,13 @@ def traffic(tag: str) -> dict[str, Any]:
     return settings
 
 
-STREAMING_PATHS = ["/generate$", "/v1/completions$", "/v1/chat/completions$"]
-
-
 def tracing_config() -> dict[str, Any]:
     """OpenTelemetry's ASGI middleware opens a span for every HTTP body message, i.e. per streamed
-    chunk: that costs ~10% of the serving CPU. Streaming paths are left out of tracing unless
-    TRTLLM_TRACE_STREAMS=1."""
+    chunk: that costs ~10% of the serving CPU. The APIs whose answers stream (the registry's
+    `streams`) are left out of tracing unless TRTLLM_TRACE_STREAMS=1."""
     if load_settings().trace_streams:
         return {}
-    return {"excluded_urls": STREAMING_PATHS}
+    return {"excluded_urls": streaming_paths()}
 
 
 _UVICORN_DEFAULT_KEEP_ALIVE_S = 5  # also what `bentoml serve` passes when not told otherwise
@@ -192,11 +190,7 @@ def end_serving(reason: BaseException) -> None:
     to shut down (SIGTERM, as Ctrl-C would), so the start ends with the reason in the log.
     """
     parent = os.getppid()
-    try:
-        command = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return
-    if not any(b"bentoml" in part for part in command) or b"serve" not in command:
+    if not is_bentoml_serve(parent):
         return  # not started by `bentoml serve` (a test harness, a notebook): leave it alone
     logging.getLogger("bentoml.trtllm").error(
         "the service cannot start, stopping `bentoml serve` (pid %d): %s", parent, reason

@@ -4,6 +4,7 @@ expects). Also the errors of the Triton process layer."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -57,11 +58,12 @@ def default_cache_root() -> Path:
 
 
 def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
-    try:
-        import pytriton  # type: ignore[import-not-found]
-    except ImportError:
+    # Found, not imported: only the files are used, and importing pytriton loads its whole client
+    # stack (gevent among others).
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    package_dir = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    package_dir = Path(next(iter(spec.submodule_search_locations))).resolve() / "tritonserver"
     binary = package_dir / "bin" / "tritonserver"
     stubs = package_dir / "python_backend_stubs"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -1,10 +1,13 @@
-"""hf backend: a local transformers causal LM with per-request KV caches, on the CPU or, where
-one is present, a CUDA GPU (the stand-in decoding on a GPU; TensorRT-LLM is not involved).
+"""hf backend: a local transformers causal LM, on the CPU or, where one is present, a CUDA GPU
+(the stand-in decoding on a GPU; TensorRT-LLM is not involved).
 
 Joining requests are prefilled one by one; all other active requests decode together in ONE
-batched forward per step: their caches are left-padded to a common length, masked, given
-per-request position ids, and split back afterwards. Torch and transformers are imported here
-only, so the synthetic mode never pays for them.
+batched forward per step over one KV tensor per layer (:class:`_DecodeBatch`): rows left-padded
+to a common width, masked, with per-request position ids. The batch is kept from step to step and
+only changes where requests join or leave, with a few tensor operations per layer whatever the
+batch size: padding and splitting every request's cache at every step cost thousands of small
+operations per step on a 64-request batch, the engine's whole CPU budget on a GPU. Torch and
+transformers are imported here only, so the synthetic mode never pays for them.
 """
 
 from __future__ import annotations
@@ -25,9 +28,72 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, head
 @dataclass(slots=True)
 class _SeqState:
     generator: torch.Generator
-    kv: KV | None = None
-    length: int = 0  # tokens held in kv
+    kv: KV | None = None  # its own cache from the prefill, until it joins the decode batch
+    length: int = 0  # tokens in its cache
+    prefilled: bool = False
     matcher: object = None  # xgrammar.GrammarMatcher of a guided request
+
+
+class _DecodeBatch:
+    """The KV caches of the requests that decode together, one [rows, heads, width, dim] tensor
+    per layer (keys and values), each row's tokens right-aligned (left padding masked out).
+
+    From one step to the next the rows stay the same unless a request joined or left; then the
+    batch is rebuilt with one selection, one padding per joining request and one concatenation
+    per layer.
+    """
+
+    def __init__(self) -> None:
+        self.reqs: list[GenRequest] = []
+        self.layers: KV = []
+        self.width = 0  # columns of the cache tensors
+
+    def states(self) -> list[_SeqState]:
+        return [r.backend_state for r in self.reqs]  # type: ignore[misc]
+
+    def arrange(self, reqs: list[GenRequest]) -> None:
+        """Make the rows exactly `reqs`: the rows kept stay in their order, the requests joining
+        (which bring their own prefill cache) are appended."""
+        wanted = {id(req) for req in reqs}
+        kept = [row for row, req in enumerate(self.reqs) if id(req) in wanted]
+        if len(kept) == len(self.reqs) == len(reqs):
+            return
+        present = {id(self.reqs[row]) for row in kept}
+        joining = [req for req in reqs if id(req) not in present]
+        rows = [self.reqs[row] for row in kept] + joining
+        width = max(req.backend_state.length for req in rows)  # type: ignore[union-attr]
+        template = self.layers or joining[0].backend_state.kv  # type: ignore[union-attr]
+        layers: KV = []
+        for layer in range(len(template)):
+            keys: list[torch.Tensor] = []
+            values: list[torch.Tensor] = []
+            if kept:
+                k, v = self.layers[layer]
+                index = torch.tensor(kept, device=k.device)
+                keys.append(_left_pad(k.index_select(0, index), width))
+                values.append(_left_pad(v.index_select(0, index), width))
+            for req in joining:
+                k, v = req.backend_state.kv[layer]  # type: ignore[union-attr]
+                keys.append(_left_pad(k, width))
+                values.append(_left_pad(v, width))
+            layers.append((torch.cat(keys), torch.cat(values)))
+        for req in joining:
+            req.backend_state.kv = None  # type: ignore[union-attr]  # its rows live in the batch now
+        self.reqs, self.layers, self.width = rows, layers, width
+
+    def clear(self) -> None:
+        self.reqs, self.layers, self.width = [], [], 0
+
+
+def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, heads, length, dim] -> [rows, heads, width, dim], padding (or trimming the common
+    padding) on the left."""
+    length = tensor.shape[2]
+    if length == width:
+        return tensor
+    if length > width:
+        return tensor[:, :, length - width :]
+    return torch.nn.functional.pad(tensor, (0, 0, width - length, 0))
 
 
 class _GuideStep:
@@ -107,6 +173,7 @@ class HFBackend:
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._guides: _GuideStep | None = None  # made with the first guided request
+        self._batch = _DecodeBatch()
 
     # -- Backend protocol ---------------------------------------------------------------------
     def admit(self, req: GenRequest) -> None:
@@ -129,7 +196,9 @@ class HFBackend:
         req.backend_state = _SeqState(generator=generator, matcher=matcher)
 
     def release(self, req: GenRequest) -> None:
-        req.backend_state = None
+        # Its row stays in the decode batch until the next step arranges the batch without it.
+        if req.backend_state is not None:
+            req.backend_state.kv = None  # type: ignore[attr-defined]
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
@@ -138,7 +207,7 @@ class HFBackend:
         positions: list[int] = []
         for i, req in enumerate(batch):
             state: _SeqState = req.backend_state  # type: ignore[assignment]
-            if state.kv is None:
+            if not state.prefilled:
                 rows[i] = self._prefill(req, state)
             else:
                 decoding.append(req)
@@ -146,6 +215,8 @@ class HFBackend:
         if decoding:
             for i, logits in zip(positions, self._decode(decoding), strict=True):
                 rows[i] = logits
+        elif self._batch.reqs:
+            self._batch.clear()  # nobody decodes: let the caches go
         guided = [i for i, req in enumerate(batch) if req.backend_state.matcher is not None]  # type: ignore[union-attr]
         matchers = [batch[i].backend_state.matcher for i in guided]  # type: ignore[union-attr]
         if guided:
@@ -172,51 +243,36 @@ class HFBackend:
         out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
         state.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         state.length = len(req.prompt)
+        state.prefilled = True
         # Sampling runs on the CPU with the request's own seeded generator.
         return out.logits[0, -1].float().cpu()
 
     def _decode(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
-        """One batched forward of each request's last token over its left-padded cache."""
+        """One batched forward of each request's last token over the decode batch's caches."""
         from transformers import DynamicCache
 
-        states: list[_SeqState] = [r.backend_state for r in reqs]  # type: ignore[misc]
-        lengths = [s.length for s in states]
-        longest = max(lengths)
-        batch = len(reqs)
-        n_layers = len(states[0].kv)  # type: ignore[arg-type]
-        layers = []
-        for layer in range(n_layers):
-            keys, values = [], []
-            for s in states:
-                k, v = s.kv[layer]  # type: ignore[index]
-                pad = longest - s.length
-                if pad:
-                    k = torch.nn.functional.pad(k, (0, 0, pad, 0))
-                    v = torch.nn.functional.pad(v, (0, 0, pad, 0))
-                keys.append(k)
-                values.append(v)
-            layers.append((torch.cat(keys), torch.cat(values)))
-        mask = torch.ones((batch, longest + 1), dtype=torch.long)
-        for row, length in enumerate(lengths):
-            mask[row, : longest - length] = 0
+        batch = self._batch
+        batch.arrange(reqs)
+        states = batch.states()
+        lengths = torch.tensor([s.length for s in states], dtype=torch.long)
+        width = batch.width
         device = self.device
-        mask = mask.to(device)
-        input_ids = torch.tensor([[r.generated[-1]] for r in reqs], dtype=torch.long, device=device)
-        position_ids = torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
+        # Row r's tokens are the last lengths[r] columns of the cache, plus the new one.
+        mask = torch.arange(width + 1) >= (width - lengths)[:, None]
+        input_ids = torch.tensor(
+            [[r.generated[-1]] for r in batch.reqs], dtype=torch.long, device=device
+        )
         out = self.model(
             input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=DynamicCache(layers),
+            attention_mask=mask.to(device=device, dtype=torch.long),
+            position_ids=lengths[:, None].to(device),
+            past_key_values=DynamicCache(batch.layers),
             use_cache=True,
         )
-        new_layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        for row, s in enumerate(states):
-            start = longest - s.length
-            s.kv = [
-                (k[row : row + 1, :, start:].contiguous(), v[row : row + 1, :, start:].contiguous())
-                for k, v in new_layers
-            ]
-            s.length += 1
+        batch.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        batch.width = width + 1
+        for state in states:
+            state.length += 1
         last = out.logits[:, -1].float().cpu()  # one copy for the batch, not one per row
-        return [last[row] for row in range(batch)]
+        by_request = {id(req): row for row, req in enumerate(batch.reqs)}
+        return [last[by_request[id(req)]] for req in reqs]

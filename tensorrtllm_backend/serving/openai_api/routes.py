@@ -1,29 +1,32 @@
 """The `/v1` ASGI app (Starlette) that the BentoML service mounts.
 
-Errors are OpenAI error objects with proper status codes; a request body that is not valid JSON
-or not a valid request is a 400 that names the field.
+Errors are OpenAI error objects with proper status codes (the one mapper, :mod:`..errors`); a
+request body that is not valid JSON or not a valid request is a 400 that names the field. The
+guard in front has already checked the body's size (:mod:`..guard`); a large body is parsed
+off the event loop.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from pydantic import BaseModel, ValidationError
+import pydantic_core
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ...common.engine_api import EngineModelError, EngineUnavailableError
-from ..metrics import generation_metrics
+from ...common.engine_api import EngineError, EngineUnavailableError
+from ..errors import answer_for, error_response
 from ..streaming import coalesce, join_text
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    ErrorDetail,
-    ErrorResponse,
     ModelCard,
     ModelList,
     _SamplingFields,
@@ -34,67 +37,83 @@ from .streams import sse
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 ServingProvider = Callable[[], OpenAIServing | None]
+_INDEX = re.compile(r"\[\d+\]")
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
-    body = ErrorResponse(
-        error=ErrorDetail(message=str(error), type=error.kind, param=error.param, code=error.code)
-    )
-    headers = {"Retry-After": "5"} if error.status in (429, 503) else None
-    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
+class UnknownFieldLog:
+    """Logs the names of fields clients send that no model here declares: each name once
+    (list positions folded: `tools[3].x` and `tools[7].x` are `tools[].x`), truncated to
+    `max_chars` and escaped (a name is the client's text: newlines, control characters, any
+    length), and at most `max_names` names remembered, so memory stays bounded whatever
+    clients send."""
+
+    def __init__(self, max_names: int = 1024, max_chars: int = 64) -> None:
+        self.max_names = max_names
+        self.max_chars = max_chars
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, path: str, names: list[str]) -> None:
+        fresh: list[str] = []
+        with self._lock:
+            for raw in names:
+                folded = _INDEX.sub("[]", raw[: self.max_chars * 4])
+                name = folded[: self.max_chars]
+                if name in self._seen:
+                    continue
+                if len(self._seen) >= self.max_names:
+                    break
+                self._seen.add(name)
+                cut = len(folded) > len(name) or len(raw) > self.max_chars * 4
+                fresh.append(ascii(name)[1:-1] + ("..." if cut else ""))
+        if fresh:
+            logger.warning(
+                "%s: ignoring unknown field(s) %s (each name is logged once)",
+                path, ", ".join(fresh),
+            )  # fmt: skip
 
 
-def _as_openai_error(error: Exception) -> OpenAIError:
-    if isinstance(error, OpenAIError):
-        return error
-    if isinstance(error, EngineUnavailableError):
-        return OpenAIError(
-            f"the model server is not available, retry shortly: {error}", 503, "server_error"
-        )
-    if isinstance(error, EngineModelError):
-        return OpenAIError(f"the model failed on this request: {error}", 502, "server_error")
-    raise error
+def _validate(body: bytes, model: type[BaseModel]) -> tuple[BaseModel, list[str]]:
+    """The request model of a body, and the unknown fields it carries (blocking: a large body is
+    parsed in the offloader's threads).
 
-
-def _validation_message(error: ValidationError) -> tuple[str, str | None]:
-    first = error.errors(include_url=False)[0]
-    location = ".".join(str(part) for part in first.get("loc", ()))
-    return f"{location}: {first.get('msg')}" if location else str(
-        first.get("msg")
-    ), location or None
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise OpenAIError(f"request body is larger than {MAX_BODY_BYTES} bytes", 413)
+    Parsed first, then validated: pydantic's one-step model_validate_json holds the GIL for the
+    whole body, 35-60 ms for a megabyte of tools on a loaded machine, stalling the event loop
+    from the offloader's thread; parsing alone takes a fifth of that. The models are strict
+    either way (a test compares both on the bad-input table)."""
     try:
-        parsed = model.model_validate_json(body)
-    except ValidationError as error:
-        message, param = _validation_message(error)
-        if any(e.get("type") == "json_invalid" for e in error.errors()):
-            message = "the request body is not valid JSON"
-        raise OpenAIError(message, 400, param=param) from None
+        data = pydantic_core.from_json(body)
+    except ValueError as error:
+        raise OpenAIError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    parsed = model.model_validate(data)
     if isinstance(parsed, _SamplingFields):
         refused = parsed.unsupported()
         if refused is not None:
             raise OpenAIError(refused[1], 400, param=refused[0])
-    unknown = unknown_fields(parsed)
-    if unknown:
-        logger.warning("%s: ignoring unknown field(s) %s", request.url.path, ", ".join(unknown))
-    return parsed
+    return parsed, unknown_fields(parsed)
 
 
 def build_openai_app(get_serving: ServingProvider) -> Starlette:
     """Routes for `/v1`; `get_serving` returns None while the service is not ready (503)."""
+    unknown_log = UnknownFieldLog()
 
     def serving() -> OpenAIServing:
         current = get_serving()
         if current is None:
-            raise OpenAIError("the model is still loading, retry shortly", 503, "server_error")
+            raise EngineUnavailableError("the model is still loading")
         return current
+
+    async def parse(
+        request: Request, server: OpenAIServing, model: type[BaseModel]
+    ) -> tuple[BaseModel, int]:
+        body = await request.body()
+        parsed, unknown = await server.generator.offloader.run(len(body), _validate, body, model)
+        if unknown:
+            unknown_log.note(request.url.path, unknown)
+        return parsed, len(body)
 
     def handler(
         body: Callable[[Request], Awaitable[Response]],
@@ -103,29 +122,25 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
             try:
                 return await body(request)
             except Exception as error:
-                failure = _as_openai_error(error)
-                if 400 <= failure.status < 500:
-                    api = "openai_chat" if "chat" in request.url.path else "openai_completions"
-                    generation_metrics().record_rejected(api, "invalid_request")
-                return error_response(failure)
+                return error_response(error, request.url.path)
 
         return endpoint
 
     async def completions(request: Request) -> Response:
-        parsed = await _parse(request, CompletionRequest)
-        assert isinstance(parsed, CompletionRequest)
         server = serving()
-        prepared = await server.prepare_completion(parsed)
+        parsed, size = await parse(request, server, CompletionRequest)
+        assert isinstance(parsed, CompletionRequest)
+        prepared = await server.prepare_completion(parsed, size)
         if parsed.stream:
             events = server.stream_completion(prepared, _include_usage(parsed))
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
 
     async def chat_completions(request: Request) -> Response:
-        parsed = await _parse(request, ChatCompletionRequest)
-        assert isinstance(parsed, ChatCompletionRequest)
         server = serving()
-        prepared, plan = await server.prepare_chat(parsed)
+        parsed, size = await parse(request, server, ChatCompletionRequest)
+        assert isinstance(parsed, ChatCompletionRequest)
+        prepared, plan = await server.prepare_chat(parsed, size)
         if parsed.stream:
             events = server.stream_chat(prepared, _include_usage(parsed), plan)
             return await _streaming_response(events, server.stream_interval)
@@ -166,8 +181,9 @@ async def _streaming_response(events: AsyncIterator[str], interval: int) -> Stre
         try:
             async for event in stream:
                 yield event
-        except (EngineUnavailableError, EngineModelError) as error:
-            failure = _as_openai_error(error)
-            yield sse({"error": {"message": str(failure), "type": failure.kind, "code": None}})
+        except EngineError as error:
+            failure = answer_for(error)
+            yield sse({"error": {"message": failure.message, "type": failure.error_type,
+                                 "code": None}})  # fmt: skip
 
     return StreamingResponse(body(), media_type="text/event-stream")
