@@ -175,7 +175,10 @@ class TRTLLM:
             response: JSONResponse = error_response(error, "/generate_text")
             return response  # type: ignore[return-value]
         # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
-        response = result.to_response(self.runtime.generator.token_strings)
+        generator = self.runtime.generator
+        response = await generator.offloader.run(
+            result.render_size, result.to_response, generator.token_strings
+        )
         body = response.model_dump(mode="json", exclude_none=True)
         return JSONResponse(body)  # type: ignore[return-value]
 

@@ -251,6 +251,18 @@ class GenerationResult:
     def completion_tokens(self) -> int:
         return sum(sequence.completion_tokens for sequence in self.sequences)
 
+    @property
+    def render_size(self) -> int:
+        """About the characters rendering the answer handles (its text, and a few per token
+        named in log probs and their alternatives): what decides whether that runs off the
+        event loop."""
+        return sum(
+            len(sequence.text)
+            + 8 * len(sequence.log_probs or ())
+            + 8 * sum(len(ids) for ids, _ in sequence.top_log_probs or ())
+            for sequence in self.sequences
+        )
+
     def to_response(self, token_strings: TokenStrings) -> GenerateResponse:
         """The native answer; `token_strings` gives the text of token ids (for alternatives)."""
         first = self.sequences[0]

@@ -15,6 +15,7 @@ from ..generation import Generator, PreparedRequest, new_request_id
 from ..request_errors import RequestError
 from ..schemas import (
     MAX_RETURN_SEQUENCES,
+    GenerationResult,
     GuidedDecoding,
     SamplingParams,
     SequenceResult,
@@ -263,10 +264,17 @@ class OpenAIServing(StreamingServing):
 
     # -- running -----------------------------------------------------------------------------
     async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
+        result = await self.generator.collect(prepared)
+        return await self.generator.offloader.run(
+            result.render_size, self._completion_response, prepared, result
+        )
+
+    def _completion_response(
+        self, prepared: PreparedRequest, result: GenerationResult
+    ) -> CompletionResponse:
         want = prepared.params.return_log_probs
         # text_offset counts from the start of the choice's text, which echo begins with the prompt
         offset = 0 if prepared.params.exclude_input_in_output else len(prepared.prompt)
-        result = await self.generator.collect(prepared)
         return CompletionResponse(
             id=f"cmpl-{prepared.request_id}",
             model=self.model_name,
@@ -287,8 +295,15 @@ class OpenAIServing(StreamingServing):
     async def chat(
         self, prepared: PreparedRequest, plan: ToolPlan | None = None
     ) -> ChatCompletionResponse:
-        want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
+        return await self.generator.offloader.run(
+            result.render_size, self._chat_response, prepared, result, plan
+        )
+
+    def _chat_response(
+        self, prepared: PreparedRequest, result: GenerationResult, plan: ToolPlan | None
+    ) -> ChatCompletionResponse:
+        want = prepared.params.return_log_probs
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
