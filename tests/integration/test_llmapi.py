@@ -8,6 +8,7 @@ test_guided_service.py)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tensorrtllm_backend.triton.command import TritonServerConfig, find_free_port
 from tensorrtllm_backend.triton.localize import localize_repository
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -170,13 +172,24 @@ def triton_http_port() -> int:
 
 
 @pytest.fixture(scope="module")
+def triton_metrics_port() -> int:
+    return find_free_port()
+
+
+@pytest.fixture(scope="module")
 def server(
-    llmapi_model: str, triton_http_port: int, tmp_path_factory: pytest.TempPathFactory
+    llmapi_model: str,
+    triton_http_port: int,
+    triton_metrics_port: int,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[BentoServer]:
     server = start_bento_server(
         llmapi_model,
         tmp_path_factory.mktemp("llmapi-server"),
-        env={"TRTLLM_TRITON_HTTP_PORT": str(triton_http_port)},  # to look at Triton's model
+        env={  # to look at Triton's model and count what it served
+            "TRTLLM_TRITON_HTTP_PORT": str(triton_http_port),
+            "TRTLLM_TRITON_METRICS_PORT": str(triton_metrics_port),
+        },
     )
     yield server
     server.stop()
@@ -197,15 +210,19 @@ def test_stored_model_yaml_points_at_the_stored_checkpoint(llmapi_model: str) ->
 
 
 def test_generate_streams_through_the_llmapi_model(
-    server: BentoServer, triton_http_port: int
+    server: BentoServer, triton_http_port: int, triton_metrics_port: int
 ) -> None:
     config = _triton_model(triton_http_port, "config")
     assert {t["name"] for t in config["input"]} >= {"text_input", "sampling_param_max_tokens"}
     assert config["model_transaction_policy"]["decoupled"] is True
 
     def served() -> int:
-        stats = _triton_model(triton_http_port, "stats")["model_stats"][0]
-        return int(stats["inference_stats"]["success"]["count"])
+        """Requests tensorrt_llm has served, by Triton's own metric (published every 2 s)."""
+        text = httpx.get(f"http://127.0.0.1:{triton_metrics_port}/metrics", timeout=10).text
+        found = re.search(
+            r'^nv_inference_request_success\{model="tensorrt_llm",version="1"\} (\S+)$', text, re.M
+        )
+        return int(float(found.group(1))) if found else 0
 
     before = served()
     body = {"prompt": PROMPT, "max_tokens": 16}
@@ -217,7 +234,8 @@ def test_generate_streams_through_the_llmapi_model(
     assert result["text"] == "".join(chunks)  # greedy: streamed and whole agree
     assert result["finish_reason"] == "length"
     assert result["usage"]["completion_tokens"] == 16
-    assert served() == before + 2  # both requests went to the llmapi tensorrt_llm model
+    # Both requests went to the llmapi tensorrt_llm model.
+    assert wait_for(lambda: served() == before + 2, timeout=15)
 
 
 def test_generate_text_cuts_at_stop_strings(server: BentoServer) -> None:
