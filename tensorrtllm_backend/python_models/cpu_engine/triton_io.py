@@ -227,7 +227,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                     seed=int(seeds[row]),
                 ),
                 "embedding_bias": row_bias,
-                "guided": _guided(guide_types[row], guides[row]),
+                "guided": guide_of(guide_types[row], guides[row]),
             },
             return_sequences[row],
         )
@@ -242,7 +242,9 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 
-def _guided(guide_type: str | None, guide: str | None) -> tuple[str, str | None] | None:
+def guide_of(guide_type: str | None, guide: str | None) -> tuple[str, str | None] | None:
+    """The C++ backend's guide tensors as (type, guide), None without a guide; RequestError
+    for a guide without a type, an unknown type, or a type that needs a guide and has none."""
     if guide_type is None:
         if guide is not None:
             raise RequestError("input 'guided_decoding_guide' needs 'guided_decoding_guide_type'")

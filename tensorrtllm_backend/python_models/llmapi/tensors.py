@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cpu_engine.triton_io import guide_of
 from .engine import (
     EngineRequest,
     Guide,
@@ -40,7 +41,6 @@ from .engine import (
 DEFAULT_MAX_TOKENS = 32  # the LLM API's SamplingParams default
 MAX_SEQUENCES = 64
 MAX_LOGPROBS = 20
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 # sampling_param_<field> scalars, with the type their value takes.
 _SCALARS: dict[str, type] = {
@@ -235,19 +235,15 @@ def _check(sampling: Sampling) -> None:
 
 
 def _guide(inputs: _Inputs) -> Guide | None:
-    kind = inputs.scalar("guided_decoding_guide_type", str) or None
-    guide = inputs.scalar("guided_decoding_guide", str) or None
-    if kind is None:
-        if guide is not None:
-            raise RequestError("input 'guided_decoding_guide' needs 'guided_decoding_guide_type'")
-        return None
-    if kind not in GUIDE_TYPES:
-        raise RequestError(
-            f"guided_decoding_guide_type {kind!r} is not one of {', '.join(GUIDE_TYPES)}"
+    """The C++ backend's guide tensors, checked as the CPU engine checks them."""
+    try:
+        found = guide_of(
+            inputs.scalar("guided_decoding_guide_type", str) or None,
+            inputs.scalar("guided_decoding_guide", str) or None,
         )
-    if guide is None and kind != "json":
-        raise RequestError(f"guided_decoding_guide_type {kind!r} needs guided_decoding_guide")
-    return Guide(kind, guide)
+    except ValueError as error:
+        raise RequestError(str(error)) from None
+    return None if found is None else Guide(*found)
 
 
 def _lora(inputs: _Inputs) -> LoraSpec | None:

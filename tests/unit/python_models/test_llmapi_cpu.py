@@ -169,6 +169,8 @@ def test_abort_ends_the_request_as_cancelled(serve, slow_dir) -> None:
         ({"lora_id": 1, "lora_name": "a", "lora_path": "/x"}, "LoRA adapters need tensorrt_llm"),
         ({"sampling_param_n": 2, "sampling_param_best_of": 3}, "best_of"),
         ({"guided_decoding_guide_type": "json"}, "synthetic CPU engine has none"),
+        ({"guided_decoding_guide_type": "xml"}, "is not one of json, json_schema"),
+        ({"guided_decoding_guide": "[a-z]"}, "needs 'guided_decoding_guide_type'"),
         ({"sampling_param_max_tokens": 500}, "max_seq_len 128"),
         ({"streaming": True, "sampling_param_logprobs": 21}, "logprobs must be 0 to 20"),
     ],
