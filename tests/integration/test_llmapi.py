@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 import yaml
-from conftest import BentoServer, pack, start_bento_server
+from conftest import BentoServer, engine_counters, pack, start_bento_server
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
@@ -333,3 +333,29 @@ def test_the_service_refuses_nvidias_stock_model(bento_launcher) -> None:
     server.process.wait(120)  # `bentoml serve` stops instead of starting its worker again
     assert "the service cannot start" in server.log()
     assert "--llmapi-model nvidia" in server.log()
+
+
+def test_a_client_that_leaves_stops_the_llmapi_model(bento_launcher) -> None:
+    """Service -> Triton -> our model's cancellation watcher -> abort(): the CPU stand-in stops
+    generating for a client that disconnected (its counters on Triton's metrics port)."""
+    tag = pack("--synthetic", "--workflow", "llmapi", "--itl-ms", "50",
+               "--name", "trtllm-llmapi-slow", "--max-input-len", "256", "--max-seq-len", "1024")  # fmt: skip
+    metrics_port = find_free_port()
+    server = bento_launcher(tag, {"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)}, wait=True)
+    before = engine_counters(metrics_port)
+    body = {"prompt": PROMPT, "max_tokens": 500, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        for received, _ in enumerate(response.iter_raw()):
+            if received >= 2:
+                break
+
+    def stopped() -> bool:
+        now = engine_counters(metrics_port)
+        return (
+            now.get("trtllm_cpu_engine_cancelled_requests_total", 0)
+            > before.get("trtllm_cpu_engine_cancelled_requests_total", 0)
+            and now.get("trtllm_cpu_engine_active_requests") == 0
+        )
+
+    assert wait_for(stopped, timeout=15), engine_counters(metrics_port)

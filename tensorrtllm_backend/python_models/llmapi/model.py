@@ -20,6 +20,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+from ..cpu_engine.triton_metrics import MetricsPublisher
 from ..stub_guard import start_orphan_guard, stop_orphan_guard
 from ..stub_settings import cpu_engine_grace_s, llmapi_impl
 from .engine import Generation, LlmEngine, RequestError, Step
@@ -153,6 +154,7 @@ class LlmapiModel:
             stop_orphan_guard(self.orphan_guard)
             raise
         self._in_flight: dict[int, _InFlight] = {}
+        self._metrics = self._publish_metrics(args)
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="llmapi-cancel", daemon=True)
         self._watcher.start()
@@ -160,6 +162,17 @@ class LlmapiModel:
             f"llmapi model on {self.engine.name} (decoupled={self.decoupled}, "
             f"stream_interval={self.settings.stream_interval})"
         )
+
+    def _publish_metrics(self, args: dict) -> MetricsPublisher | None:
+        """The CPU engine's counters on Triton's metrics endpoint, as its tensorrt_llm model
+        publishes them (tensorrt_llm.LLM keeps its own statistics)."""
+        scheduler = getattr(self.engine, "scheduler", None)  # the CPU stand-in's
+        if scheduler is None:
+            return None
+        labels = {"model": args["model_name"], "version": str(args["model_version"])}
+        publisher = MetricsPublisher(pb_utils, scheduler, labels)
+        publisher.start()
+        return publisher
 
     async def _make_engine(self, version_dir: Path) -> LlmEngine:
         return make_engine(self.settings, version_dir)
@@ -250,6 +263,8 @@ class LlmapiModel:
 
     def finalize(self) -> None:
         self._stopping.set()
+        if self._metrics is not None:
+            self._metrics.stop()
         for entry in list(self._in_flight.values()):
             self.loop.call_soon_threadsafe(entry.generation.abort)
         try:

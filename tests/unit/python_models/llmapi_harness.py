@@ -64,12 +64,36 @@ class Logger:
     log_warn = log_error = log_info
 
 
+class MetricFamily:
+    """Triton's custom metrics, recorded in `values` (name -> labels -> value)."""
+
+    GAUGE, COUNTER = "gauge", "counter"
+    values: dict[str, dict[tuple, float]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name = name
+
+    def Metric(self, labels: dict[str, str]) -> Any:
+        family, key = self, tuple(sorted(labels.items()))
+
+        class Metric:
+            def set(self, value: float) -> None:
+                MetricFamily.values.setdefault(family.name, {})[key] = value
+
+            def increment(self, value: float) -> None:
+                current = MetricFamily.values.setdefault(family.name, {}).get(key, 0.0)
+                MetricFamily.values[family.name][key] = current + value
+
+        return Metric()
+
+
 def _fake_pb_utils() -> types.ModuleType:
     module = types.ModuleType("triton_python_backend_utils")
     module.Tensor = Tensor
     module.TritonError = TritonError
     module.InferenceResponse = InferenceResponse
     module.Logger = Logger
+    module.MetricFamily = MetricFamily
     module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     module.get_input_tensor_by_name = lambda request, name: request.tensors.get(name)
     module.using_decoupled_model_transaction_policy = lambda config: bool(

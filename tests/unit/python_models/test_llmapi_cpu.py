@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 from cpu_engine_helpers import EOS, VOCAB
 from llmapi_harness import (
+    MetricFamily,
     model_module,
     start_model,
     text_request,
@@ -161,6 +162,9 @@ def test_abort_ends_the_request_as_cancelled(serve, slow_dir) -> None:
     wait_for(lambda: len(gone.sender.responses) >= 2)
     gone.sender.cancel()
     wait_for(lambda: model.engine.scheduler.stats().cancelled == 2, timeout=5)
+    # The counters reach Triton's metrics, as the tensorrt_llm CPU engine's do.
+    published = MetricFamily.values.setdefault("trtllm_cpu_engine_cancelled_requests_total", {})
+    wait_for(lambda: sum(published.values()) >= 2, timeout=5)
 
 
 @pytest.mark.parametrize(
