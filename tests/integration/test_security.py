@@ -211,7 +211,6 @@ def throwaway_triton(tmp_path_factory: pytest.TempPathFactory):
 RESTRICTED_HTTP = [
     ("POST", "/v2/repository/index"),
     ("POST", "/v2/repository/models/echo/load"),
-    ("GET", "/v2/models/stats"),
     ("GET", "/v2/logging"),
     ("GET", "/v2/trace/setting"),
     ("GET", "/v2/systemsharedmemory/status"),
@@ -238,6 +237,7 @@ def test_inference_health_and_metadata_stay_open(throwaway_triton) -> None:
         "/v2/health/live",
         "/v2/models/echo",
         "/v2/models/echo/config",
+        "/v2/models/echo/stats",
     ):
         assert httpx.get(http + path, timeout=TIMEOUT).status_code == 200, path
     assert echo(throwaway_triton.grpc_url, [1.0, 2.5]) == [2.0, 5.0]
