@@ -102,6 +102,7 @@ class TRTLLM:
             self.runtime.served_model_name,
             self.runtime.settings.stream_interval,
             self.runtime.settings.tool_parser,
+            self.runtime.settings.reasoning_parser,
         )
 
     @bentoml.on_shutdown

@@ -39,6 +39,7 @@ STUB_VARIABLES = (
 
 RouteName = Literal["direct", "ensemble", "bls", "llmapi"]
 ToolParserName = Literal["hermes", "llama3_json", "mistral", "none"]
+ReasoningParserName = Literal["deepseek_r1", "qwen3", "none"]
 TCPPort = Field(None, ge=1, le=65535)
 
 
@@ -54,6 +55,7 @@ class Settings(BaseSettings):
     route: RouteName | None = None
     served_model_name: str | None = None
     tool_parser: ToolParserName | None = None
+    reasoning_parser: ReasoningParserName | None = None
 
     # tritonserver.
     triton_grpc_port: int | None = TCPPort

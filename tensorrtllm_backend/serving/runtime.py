@@ -46,6 +46,7 @@ class RuntimeSettings:
     stream_interval: int = 1  # pieces per streamed HTTP message after the first (streaming.py)
     shared_dir: Path | None = None
     tool_parser: str | None = None  # the model's tool-call format; None: from its chat template
+    reasoning_parser: str | None = None  # how the model marks its thinking; None: likewise
     engine_instances: int | None = None  # CPU stand-in only; None: as stored
     served_model_name: str | None = None  # None: the stored model's name
 
@@ -63,6 +64,7 @@ class RuntimeSettings:
             stream_interval=env.stream_interval,
             shared_dir=env.shared_dir,
             tool_parser=env.tool_parser,
+            reasoning_parser=env.reasoning_parser,
             engine_instances=env.engine_instances,
             served_model_name=env.served_model_name,
         )

@@ -117,7 +117,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         server = serving()
         prepared = await server.prepare_completion(parsed)
         if parsed.stream:
-            events = server.stream_completion(prepared, _include_usage(parsed))
+            events = server.stream_completion(prepared, parsed.usage_report())
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
 
@@ -127,7 +127,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         server = serving()
         prepared, plan = await server.prepare_chat(parsed)
         if parsed.stream:
-            events = server.stream_chat(prepared, _include_usage(parsed), plan)
+            events = server.stream_chat(prepared, parsed.usage_report(), plan)
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.chat(prepared, plan)).to_json())
 
@@ -144,10 +144,6 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
             Route("/models", handler(models), methods=["GET"]),
         ]
     )
-
-
-def _include_usage(request: CompletionRequest | ChatCompletionRequest) -> bool:
-    return bool(request.stream_options and request.stream_options.include_usage)
 
 
 async def _streaming_response(events: AsyncIterator[str], interval: int) -> StreamingResponse:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from ...common.guides import GuideError
 from ..generation import Generator, PreparedRequest, new_request_id
 from ..request_errors import RequestError
 from ..schemas import (
@@ -18,6 +19,7 @@ from ..schemas import (
     SamplingParams,
     SequenceResult,
 )
+from .answers import ChatPlan, ReasoningPlan, read_answer
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -27,10 +29,12 @@ from .protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from .reasoning import reasoning_format
+from .reasoning_guides import guide_after_reasoning
 from .response_format import FormatError, OutputConstraint, output_constraint
 from .streams import StreamingServing, call_finish_reason, finish_reason
 from .tool_parsers import FORMATS, detect_format
-from .tools import ToolError, ToolPlan, extract_calls, history_message, plan_tools
+from .tools import ToolError, ToolPlan, history_message, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 OPENAI_DEFAULT_TEMPERATURE = 1.0  # OpenAI samples when temperature is not given
@@ -66,9 +70,11 @@ class OpenAIServing(StreamingServing):
         model_name: str,
         stream_interval: int = 1,
         tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         """`tool_parser`: the model's tool-call format by name (TRTLLM_TOOL_PARSER); None: read
-        from its chat template; "none": no tool calls are parsed."""
+        from its chat template; "none": no tool calls are parsed. `reasoning_parser` likewise
+        names how the model marks its thinking (TRTLLM_REASONING_PARSER)."""
         self.generator = generator
         self.model_name = model_name
         self.stream_interval = stream_interval  # SSE events per HTTP message after the first
@@ -79,6 +85,7 @@ class OpenAIServing(StreamingServing):
             self.tool_format = detect_format(template)
         else:
             self.tool_format = None if tool_parser == "none" else FORMATS[tool_parser]
+        self.reasoning_format = reasoning_format(reasoning_parser, template)
 
     # -- request translation --------------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -171,6 +178,8 @@ class OpenAIServing(StreamingServing):
         return await self._prepare(request, prompt, params, param, "openai_completions")
 
     def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
+        """The prompt of a chat request, by the model's chat template; `chat_template_kwargs`
+        (e.g. enable_thinking) are the template's own variables."""
         tokenizer = self.generator.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise OpenAIError(
@@ -187,6 +196,7 @@ class OpenAIServing(StreamingServing):
                     tools=tools,
                     tokenize=False,
                     add_generation_prompt=request.add_generation_prompt,
+                    **(request.chat_template_kwargs or {}),
                 )
             )
         except ValueError as error:
@@ -204,9 +214,10 @@ class OpenAIServing(StreamingServing):
             raise OpenAIError(str(error), param=error.param) from None
 
     async def prepare_chat(
-        self, request: ChatCompletionRequest
-    ) -> tuple[PreparedRequest, ToolPlan]:
-        """The core request and the tool plan its answer is read back with."""
+        self, request: ChatCompletionRequest, api: str = "openai_chat"
+    ) -> tuple[PreparedRequest, ChatPlan]:
+        """The core request and the plan its answer is read back with (tools, reasoning); `api`:
+        the metrics label of the API the request came from."""
         self._check_common(request)
         if request.top_logprobs:
             raise OpenAIError(
@@ -228,13 +239,36 @@ class OpenAIServing(StreamingServing):
         elif constraint is not None and plan.parses_calls:
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
         prompt = self.render_chat(request, plan)
+        reasoning = self._reasoning(prompt)
+        if (
+            guide is not None
+            and reasoning is not None
+            and self.generator.guides_unsupported is None
+        ):
+            guide = self._guide_after_reasoning(guide, reasoning, guide_param)
         params = self._sampling(request, request.logprobs, guide)
         # The template already holds the special tokens (BOS) the model expects.
         prepared = await self._prepare(
-            request, prompt, params, guide_param, "openai_chat",
+            request, prompt, params, guide_param, api,
             add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP,
         )  # fmt: skip
-        return prepared, plan
+        return prepared, ChatPlan(plan, reasoning)
+
+    def _reasoning(self, prompt: str) -> ReasoningPlan | None:
+        """How the answer to a rendered chat begins, for a model that thinks."""
+        if self.reasoning_format is None:
+            return None
+        return ReasoningPlan(self.reasoning_format, self.reasoning_format.opening(prompt))
+
+    @staticmethod
+    def _guide_after_reasoning(
+        guide: GuidedDecoding, reasoning: ReasoningPlan, param: str | None
+    ) -> GuidedDecoding:
+        """The request's guide enforced on the answer only, after the thinking."""
+        try:
+            return guide_after_reasoning(guide, reasoning.fmt, reasoning.opening)
+        except GuideError as error:
+            raise OpenAIError(str(error), param=param) from None
 
     # -- running -----------------------------------------------------------------------------
     async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
@@ -260,7 +294,7 @@ class OpenAIServing(StreamingServing):
         )
 
     async def chat(
-        self, prepared: PreparedRequest, plan: ToolPlan | None = None
+        self, prepared: PreparedRequest, plan: ChatPlan | None = None
     ) -> ChatCompletionResponse:
         want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
@@ -272,14 +306,19 @@ class OpenAIServing(StreamingServing):
         )
 
     def _chat_choice(
-        self, sequence: SequenceResult, want_log_probs: bool, plan: ToolPlan | None
+        self, sequence: SequenceResult, want_log_probs: bool, plan: ChatPlan | None
     ) -> ChatChoice:
         finish = finish_reason(sequence.finish_reason)
         message = AssistantMessage(content=sequence.text)
-        if plan is not None and plan.parses_calls:
-            calls = extract_calls(plan, sequence.text)
-            message = AssistantMessage(content=calls.content, tool_calls=calls.tool_calls or None)
-            finish = call_finish_reason(finish, bool(calls.tool_calls))
+        if plan is not None and plan.reads_text:
+            answer = read_answer(plan, sequence.text)
+            message = AssistantMessage(
+                content=answer.content,
+                tool_calls=answer.tool_calls or None,
+                reasoning_content=answer.reasoning,
+                reasoning=answer.reasoning,
+            )
+            finish = call_finish_reason(finish, bool(answer.tool_calls))
         return ChatChoice(
             index=sequence.index,
             message=message,

@@ -18,9 +18,9 @@ from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest
 from ..schemas import FinishReason, SequenceResult
-from .protocol import Usage
-from .tool_stream import ToolStream
-from .tools import ToolPlan
+from .answers import ChatPlan
+from .protocol import Usage, UsageReport
+from .tool_stream import ChatDeltas
 
 _json = json.dumps
 
@@ -118,10 +118,11 @@ class StreamingServing:
                     pending[chunk.index] = _Event.empty(chunk.index)
 
     async def _stream(
-        self, prepared: PreparedRequest, include_usage: bool, chat: bool, render: _Render
+        self, prepared: PreparedRequest, usage: UsageReport, chat: bool, render: _Render
     ) -> AsyncIterator[str]:
         """The SSE events of one streamed answer, chat or completion: `render` turns each event
-        (with its log probs, when asked for) into chunk events; usage and [DONE] follow."""
+        (with its log probs, when asked for) into chunk events; usage (in every chunk too, when
+        continuous) and [DONE] follow."""
         if chat:
             out = _ChunkEvents(
                 "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
@@ -141,13 +142,15 @@ class StreamingServing:
                     else None
                 )
                 for chunk in render(out, event, logprobs):
+                    if usage.continuous:
+                        chunk = out.with_usage(chunk, self._usage(prepared, completion_tokens))
                     yield chunk
-        if include_usage:
+        if usage.final:
             yield out.usage(self._usage(prepared, completion_tokens))
         yield SSE_DONE
 
     def stream_completion(
-        self, prepared: PreparedRequest, include_usage: bool
+        self, prepared: PreparedRequest, usage: UsageReport
     ) -> AsyncIterator[str]:
         def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
             return [
@@ -158,13 +161,13 @@ class StreamingServing:
                 )
             ]
 
-        return self._stream(prepared, include_usage, False, render)
+        return self._stream(prepared, usage, False, render)
 
     def stream_chat(
-        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan | None = None
+        self, prepared: PreparedRequest, usage: UsageReport, plan: ChatPlan | None = None
     ) -> AsyncIterator[str]:
-        if plan is not None and plan.parses_calls:
-            return self._stream(prepared, include_usage, True, _ToolCallChunks(plan))
+        if plan is not None and plan.reads_text:
+            return self._stream(prepared, usage, True, _AnswerChunks(plan))
         role_sent: set[int] = set()
 
         def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
@@ -181,25 +184,25 @@ class StreamingServing:
             )
             return chunks
 
-        return self._stream(prepared, include_usage, True, render)
+        return self._stream(prepared, usage, True, render)
 
 
 _ROLE_DELTA = '"delta":{"role":"assistant","content":""},"finish_reason":null'
 
 
-class _ToolCallChunks:
-    """Chat chunks of answers that may call tools: each sequence's text goes through its
-    tool-call extractor, whose deltas are sent as they become certain."""
+class _AnswerChunks:
+    """Chat chunks of answers that need reading (reasoning, tool calls): each sequence's text
+    goes through its answer reader, whose deltas are sent as they become certain."""
 
-    def __init__(self, plan: ToolPlan) -> None:
+    def __init__(self, plan: ChatPlan) -> None:
         self._plan = plan
-        self._streams: dict[int, ToolStream] = {}
+        self._streams: dict[int, ChatDeltas] = {}
 
     def __call__(self, out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
         chunks = []
         stream = self._streams.get(event.index)
         if stream is None:
-            stream = self._streams[event.index] = ToolStream(self._plan.parser())
+            stream = self._streams[event.index] = ChatDeltas(self._plan.reader())
             chunks.append(out.choice(event.index, _ROLE_DELTA))
         final = event.finish_reason is not None
         deltas = stream.deltas(event.text, final)
@@ -235,3 +238,8 @@ class _ChunkEvents:
 
     def usage(self, usage: Usage) -> str:
         return f'{self._head}],"usage":{usage.model_dump_json()}}}\n\n'
+
+    @staticmethod
+    def with_usage(chunk: str, usage: Usage) -> str:
+        """A chunk event of :meth:`choice` with the usage so far added."""
+        return f'{chunk[:-3]},"usage":{usage.model_dump_json()}}}\n\n'
