@@ -268,6 +268,7 @@ class StopStringMatcher:
         self._stops = sorted({s for s in stop_strings if s}, key=len)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string the text was cut at
 
     @property
     def active(self) -> bool:
@@ -286,7 +287,7 @@ class StopStringMatcher:
         for stop in self._stops:
             index = buffer.find(stop)
             if index != -1 and (cut == -1 or index < cut):
-                cut = index
+                cut, self.matched = index, stop
         if cut != -1:
             self._held = ""
             self.stopped = True

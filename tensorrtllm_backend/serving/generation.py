@@ -384,5 +384,9 @@ class _Sequence:
         if not self.stopped and reason is not None:
             self.finish_reason = reason
         return GenerationChunk(
-            tail, token_count=count, finish_reason=self.finish_reason, index=self.index
+            tail,
+            token_count=count,
+            finish_reason=self.finish_reason,
+            index=self.index,
+            stop=self.stops.matched,
         )

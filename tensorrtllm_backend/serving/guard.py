@@ -18,8 +18,17 @@ OPEN_PATHS = frozenset(
     {"/livez", "/readyz", "/healthz", "/metrics", "/triton/metrics", "/docs", "/docs.json", "/"}
 )
 GENERATION_PATHS = frozenset(
-    {"/generate", "/generate_text", "/v1/completions", "/v1/chat/completions"}
+    {
+        "/generate",
+        "/generate_text",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+    }
 )
+ANTHROPIC_PREFIX = "/v1/messages"
+_ANTHROPIC_TYPES = {401: "authentication_error", 413: "request_too_large", 429: "rate_limit_error"}
 
 
 @dataclass(frozen=True)
@@ -42,11 +51,14 @@ class GuardSettings:
 async def _reject(
     send: Send, path: str, status: int, message: str, kind: str, headers: dict[str, str]
 ) -> None:
-    error: object = (
-        {"error": {"message": message, "type": kind, "param": None, "code": None}}
-        if path.startswith("/v1/")
-        else {"error": message}
-    )
+    error: object
+    if path.startswith(ANTHROPIC_PREFIX):  # Anthropic's error shape for its API
+        kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+        error = {"type": "error", "error": {"type": kind, "message": message}}
+    elif path.startswith("/v1/"):
+        error = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    else:
+        error = {"error": message}
     body = json.dumps(error).encode()
     raw_headers = [
         (b"content-type", b"application/json"),
@@ -62,9 +74,9 @@ class GuardMiddleware:
         self.app = app
         self.settings = settings or GuardSettings.from_env()
         self.in_flight = 0
-        self._expected = (
-            f"Bearer {self.settings.api_key}".encode() if self.settings.api_key else None
-        )
+        key = self.settings.api_key
+        self._expected = f"Bearer {key}".encode() if key else None
+        self._key = key.encode() if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,14 +87,13 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if self._expected is not None:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                await _reject(
-                    send, path, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                    "authentication_error", {"WWW-Authenticate": "Bearer"},
-                )  # fmt: skip
-                return
+        if self._expected is not None and not self._authorized(headers):
+            await _reject(
+                send, path, 401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                "authentication_error", {"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+            return
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
             await _reject(
@@ -105,3 +116,9 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        """The key as OpenAI clients send it (a bearer token) or as Anthropic's do (x-api-key)."""
+        assert self._expected is not None and self._key is not None
+        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+        return bearer or hmac.compare_digest(headers.get(b"x-api-key", b""), self._key)

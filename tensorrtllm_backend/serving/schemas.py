@@ -164,6 +164,7 @@ class GenerationChunk:
     # count Triton responses (one per step) and their token_ids are the re-encoded text.
     token_count: int = 0
     index: int = 0  # which sequence (num_return_sequences > 1)
+    stop: str | None = None  # on the last chunk: the stop string the sequence ended at
 
 
 @dataclass(slots=True)

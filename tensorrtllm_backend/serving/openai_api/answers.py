@@ -8,8 +8,13 @@ inside the thinking is not a call. A whole answer is the same reader fed the who
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from ..generation import Generator, PreparedRequest
+from ..schemas import FinishReason
 from .protocol import ToolCall
 from .reasoning import Opening, ReasoningDelta, ReasoningFormat, ReasoningSplitter
 from .tool_events import ArgumentsDelta, CallStart, ContentDelta
@@ -97,3 +102,36 @@ def read_answer(plan: ChatPlan, text: str) -> Answer:
     assembled = assemble([event for event in events if not isinstance(event, ReasoningDelta)])
     reasoning = "".join(thinking) if thinking else None
     return Answer(reasoning, assembled.content, assembled.tool_calls)
+
+
+@dataclass(slots=True)
+class AnswerStep:
+    """What one step of a generation added to the answer of its first sequence."""
+
+    events: list[AnswerEvent]
+    completion_tokens: int  # so far
+    finish_reason: FinishReason | None = None  # set on the last step
+    stop: str | None = None  # the stop string it ended at (last step)
+
+
+async def answer_steps(
+    generator: Generator,
+    prepared: PreparedRequest,
+    plan: ChatPlan,
+    cancelled: asyncio.Event | None = None,
+) -> AsyncIterator[AnswerStep]:
+    """The answer of a one-sequence request, read as it is generated (the APIs that answer
+    with one message: Responses, Messages). Setting `cancelled` stops the generation at its next
+    step; the last step then finishes with CANCELLED."""
+    reader = plan.reader()
+    tokens = 0
+    async with aclosing(generator.stream(prepared)) as chunks:
+        async for chunk in chunks:
+            tokens += chunk.token_count
+            final = chunk.finish_reason is not None
+            events = reader.feed(chunk.text, final)
+            if not final and cancelled is not None and cancelled.is_set():
+                yield AnswerStep(events + reader.feed("", True), tokens, FinishReason.CANCELLED)
+                return
+            if events or final:
+                yield AnswerStep(events, tokens, chunk.finish_reason, chunk.stop)

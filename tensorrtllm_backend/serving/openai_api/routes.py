@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from ...common.engine_api import EngineModelError, EngineUnavailableError
 from ..metrics import generation_metrics
@@ -36,13 +37,15 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 ServingProvider = Callable[[], OpenAIServing | None]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
+def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(
         error=ErrorDetail(message=str(error), type=error.kind, param=error.param, code=error.code)
     )
-    headers = {"Retry-After": "5"} if error.status in (429, 503) else None
+    if error.status in (429, 503):
+        headers = {**(headers or {}), "Retry-After": "5"}
     return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
 
@@ -87,29 +90,48 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
     return parsed
 
 
-def build_openai_app(get_serving: ServingProvider) -> Starlette:
-    """Routes for `/v1`; `get_serving` returns None while the service is not ready (503)."""
+def current_serving(get_serving: ServingProvider) -> OpenAIServing:
+    """The serving object, or a 503 while the service is not ready."""
+    current = get_serving()
+    if current is None:
+        raise OpenAIError("the model is still loading, retry shortly", 503, "server_error")
+    return current
+
+
+def openai_endpoint(body: Endpoint, api: str | None = None) -> Endpoint:
+    """An endpoint whose errors are OpenAI error objects; `api`: the metrics label its rejected
+    requests are counted under (generation APIs only)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await body(request)
+        except Exception as error:
+            failure = _as_openai_error(error)
+            if api is not None and 400 <= failure.status < 500:
+                generation_metrics().record_rejected(api, "invalid_request")
+            return error_response(failure)
+
+    return endpoint
+
+
+async def _no_route(request: Request, error: Exception) -> Response:
+    """Unknown paths and methods under /v1 answer OpenAI error objects, not plain text."""
+    assert isinstance(error, HTTPException)
+    if error.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = f"{request.url.path} does not exist here (see GET /v1/models and docs/api.md)"
+    return error_response(OpenAIError(message, error.status_code), dict(error.headers or {}))
+
+
+def build_openai_app(
+    get_serving: ServingProvider, extra_routes: Sequence[BaseRoute] = ()
+) -> Starlette:
+    """Routes for `/v1`; `get_serving` returns None while the service is not ready (503).
+    `extra_routes`: the routes of the other APIs served under /v1 (:mod:`..api_surface`)."""
 
     def serving() -> OpenAIServing:
-        current = get_serving()
-        if current is None:
-            raise OpenAIError("the model is still loading, retry shortly", 503, "server_error")
-        return current
-
-    def handler(
-        body: Callable[[Request], Awaitable[Response]],
-    ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await body(request)
-            except Exception as error:
-                failure = _as_openai_error(error)
-                if 400 <= failure.status < 500:
-                    api = "openai_chat" if "chat" in request.url.path else "openai_completions"
-                    generation_metrics().record_rejected(api, "invalid_request")
-                return error_response(failure)
-
-        return endpoint
+        return current_serving(get_serving)
 
     async def completions(request: Request) -> Response:
         parsed = await _parse(request, CompletionRequest)
@@ -137,12 +159,28 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         cards = [ModelCard(id=name, created=now) for name in server.model_names()]
         return JSONResponse(ModelList(data=cards).model_dump())
 
+    async def model(request: Request) -> Response:
+        server = serving()
+        name = str(request.path_params["model_id"])
+        if name not in server.model_names():
+            raise server.unknown_model(name)
+        return JSONResponse(ModelCard(id=name, created=int(time.time())).model_dump())
+
     return Starlette(
         routes=[
-            Route("/completions", handler(completions), methods=["POST"]),
-            Route("/chat/completions", handler(chat_completions), methods=["POST"]),
-            Route("/models", handler(models), methods=["GET"]),
-        ]
+            Route(
+                "/completions", openai_endpoint(completions, "openai_completions"), methods=["POST"]
+            ),
+            Route(
+                "/chat/completions",
+                openai_endpoint(chat_completions, "openai_chat"),
+                methods=["POST"],
+            ),
+            Route("/models", openai_endpoint(models), methods=["GET"]),
+            Route("/models/{model_id:path}", openai_endpoint(model), methods=["GET"]),
+            *extra_routes,
+        ],
+        exception_handlers={404: _no_route, 405: _no_route},
     )
 
 

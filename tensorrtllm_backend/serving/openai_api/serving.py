@@ -88,6 +88,10 @@ class OpenAIServing(StreamingServing):
         self.reasoning_format = reasoning_format(reasoning_parser, template)
 
     # -- request translation --------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text as the model sees it (no special tokens added)."""
+        return len(self.generator.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
     def model_names(self) -> list[str]:
         """The base model, then its LoRA adapters (a request names one as its `model`)."""
         return [self.model_name, *self.generator.loras.names()]
@@ -98,8 +102,12 @@ class OpenAIServing(StreamingServing):
             return None
         if request.model in self.generator.loras.names():
             return request.model
-        raise OpenAIError(
-            f"model {request.model!r} does not exist here; this server serves "
+        raise self.unknown_model(request.model)
+
+    def unknown_model(self, name: str) -> OpenAIError:
+        """The 404 for a model name this server does not serve."""
+        return OpenAIError(
+            f"model {name!r} does not exist here; this server serves "
             f"{', '.join(repr(n) for n in self.model_names())} (GET /v1/models)",
             404, "invalid_request_error", "model", "model_not_found",
         )  # fmt: skip

@@ -1,0 +1,80 @@
+"""The `/v1/messages` routes. Errors are Anthropic's error objects:
+``{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}``."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..metrics import generation_metrics
+from ..openai_api.routes import (
+    Endpoint,
+    ServingProvider,
+    _as_openai_error,
+    _parse,
+    _streaming_response,
+    current_serving,
+)
+from ..openai_api.serving import OpenAIError
+from .messages import API_LABEL, MessagesServing
+from .protocol import CountTokensRequest, MessagesRequest
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error(error: OpenAIError) -> JSONResponse:
+    kind = ERROR_TYPES.get(
+        error.status, "api_error" if error.status >= 500 else "invalid_request_error"
+    )
+    body = {"type": "error", "error": {"type": kind, "message": str(error)}}
+    headers = {"Retry-After": "5"} if error.status in (429, 503) else None
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def anthropic_endpoint(body: Endpoint, api: str | None = None) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await body(request)
+        except Exception as error:
+            failure = _as_openai_error(error)
+            if api is not None and 400 <= failure.status < 500:
+                generation_metrics().record_rejected(api, "invalid_request")
+            return anthropic_error(failure)
+
+    return endpoint
+
+
+def messages_routes(get_serving: ServingProvider) -> list[Route]:
+    """The routes, relative to `/v1`."""
+
+    def current() -> MessagesServing:
+        return MessagesServing(current_serving(get_serving))
+
+    async def create(request: Request) -> Response:
+        parsed = await _parse(request, MessagesRequest)
+        assert isinstance(parsed, MessagesRequest)
+        server = current()
+        prepared, plan = await server.prepare(parsed)
+        if parsed.stream:
+            events = server.stream(prepared, plan, parsed.model)
+            return await _streaming_response(events, server.serving.stream_interval)
+        return JSONResponse(await server.create(prepared, plan, parsed.model))
+
+    async def count_tokens(request: Request) -> Response:
+        parsed = await _parse(request, CountTokensRequest)
+        assert isinstance(parsed, CountTokensRequest)
+        return JSONResponse(current().count_tokens(parsed))
+
+    return [
+        Route("/messages", anthropic_endpoint(create, API_LABEL), methods=["POST"]),
+        Route("/messages/count_tokens", anthropic_endpoint(count_tokens), methods=["POST"]),
+    ]
