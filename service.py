@@ -18,7 +18,7 @@ import bentoml
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from tensorrtllm_backend.serving.api_surface import v1_routes
+from tensorrtllm_backend.serving.api_surface import root_app, v1_routes
 from tensorrtllm_backend.serving.deployment import (
     end_serving,
     freeze_startup_heap,
@@ -42,11 +42,6 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
-from tensorrtllm_backend.serving.openai_api.tokenize import (
-    DetokenizeRequest,
-    TokenizeRequest,
-)
-from tensorrtllm_backend.serving.openai_api.tokenize import answer as tokenize_answer
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
@@ -177,19 +172,12 @@ class TRTLLM:
         body = result.to_response().model_dump(mode="json", exclude_none=True)
         return JSONResponse(body)  # type: ignore[return-value]
 
-    @bentoml.api(route="/tokenize", input_spec=TokenizeRequest)
-    async def tokenize(self, **fields: Any) -> dict[str, Any]:
-        """Token ids of a prompt or of chat messages (vLLM's /tokenize)."""
-        return tokenize_answer(self.openai, fields, detokenizing=False)  # type: ignore[return-value]
-
-    @bentoml.api(route="/detokenize", input_spec=DetokenizeRequest)
-    async def detokenize(self, **fields: Any) -> dict[str, Any]:
-        """The text of token ids (vLLM's /detokenize)."""
-        return tokenize_answer(self.openai, fields, detokenizing=True)  # type: ignore[return-value]
-
 
 TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
+# /tokenize and /detokenize at the root, as vLLM serves them (BentoML's mounts answer only the
+# paths their routes match, so the root stays BentoML's).
+TRTLLM.mount_asgi_app(root_app(_current_openai), path="/")
 
 
 def _triton_metrics_url() -> str | None:

@@ -12,10 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Match, Route
 
 from ...common.engine_api import EngineModelError, EngineUnavailableError
 from ..metrics import generation_metrics
@@ -38,6 +37,7 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 * 1024 * 1024
 ServingProvider = Callable[[], OpenAIServing | None]
 Endpoint = Callable[[Request], Awaitable[Response]]
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -114,14 +114,21 @@ def openai_endpoint(body: Endpoint, api: str | None = None) -> Endpoint:
     return endpoint
 
 
-async def _no_route(request: Request, error: Exception) -> Response:
-    """Unknown paths and methods under /v1 answer OpenAI error objects, not plain text."""
-    assert isinstance(error, HTTPException)
-    if error.status_code == 405:
-        message = f"{request.method} is not allowed on {request.url.path}"
-    else:
-        message = f"{request.url.path} does not exist here (see GET /v1/models and docs/api.md)"
-    return error_response(OpenAIError(message, error.status_code), dict(error.headers or {}))
+async def _no_route(request: Request) -> Response:
+    """Unknown paths and methods under /v1 answer OpenAI error objects, not plain text: a
+    catch-all route (BentoML's mount sends a path here only when a route of the app matches
+    it)."""
+    partial = [
+        route
+        for route in request.app.router.routes
+        if route.matches(request.scope)[0] is Match.PARTIAL
+    ]
+    if partial:
+        allowed = sorted({method for route in partial for method in route.methods or ()})
+        error = OpenAIError(f"{request.method} is not allowed on {request.url.path}", 405)
+        return error_response(error, {"Allow": ", ".join(allowed)})
+    message = f"{request.url.path} does not exist here (see docs/api.md for the routes)"
+    return error_response(OpenAIError(message, 404))
 
 
 def build_openai_app(
@@ -179,8 +186,8 @@ def build_openai_app(
             Route("/models", openai_endpoint(models), methods=["GET"]),
             Route("/models/{model_id:path}", openai_endpoint(model), methods=["GET"]),
             *extra_routes,
-        ],
-        exception_handlers={404: _no_route, 405: _no_route},
+            Route("/{path:path}", _no_route, methods=ALL_METHODS),
+        ]
     )
 
 

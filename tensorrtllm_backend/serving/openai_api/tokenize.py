@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
-from starlette.responses import JSONResponse
+from pydantic import ConfigDict, Field, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from .protocol import ChatCompletionRequest, ChatMessage, OpenAIModel, Tool
-from .routes import _as_openai_error, error_response
+from .routes import ServingProvider, _parse, current_serving, openai_endpoint
 from .serving import OpenAIError, OpenAIServing
 
 
@@ -93,20 +95,20 @@ def detokenize(serving: OpenAIServing, request: DetokenizeRequest) -> dict[str, 
     return {"prompt": tokenizer.decode(request.tokens)}
 
 
-def answer(
-    serving: OpenAIServing | None, fields: dict[str, Any], detokenizing: bool
-) -> JSONResponse:
-    """The HTTP answer to a (de)tokenize request's fields, errors as OpenAI error objects."""
-    try:
-        if serving is None:
-            raise OpenAIError("the model is still loading, retry shortly", 503, "server_error")
-        if detokenizing:
-            return JSONResponse(detokenize(serving, DetokenizeRequest.model_validate(fields)))
-        return JSONResponse(tokenize(serving, TokenizeRequest.model_validate(fields)))
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        location = ".".join(str(part) for part in first.get("loc", ()))
-        message = f"{location}: {first.get('msg')}" if location else str(first.get("msg"))
-        return error_response(OpenAIError(message, param=location or None))
-    except Exception as error:
-        return error_response(_as_openai_error(error))
+def tokenize_routes(get_serving: ServingProvider) -> list[Route]:
+    """`POST /tokenize` and `POST /detokenize`, relative to the service's root."""
+
+    async def tokenize_endpoint(request: Request) -> Response:
+        parsed = await _parse(request, TokenizeRequest)
+        assert isinstance(parsed, TokenizeRequest)
+        return JSONResponse(tokenize(current_serving(get_serving), parsed))
+
+    async def detokenize_endpoint(request: Request) -> Response:
+        parsed = await _parse(request, DetokenizeRequest)
+        assert isinstance(parsed, DetokenizeRequest)
+        return JSONResponse(detokenize(current_serving(get_serving), parsed))
+
+    return [
+        Route("/tokenize", openai_endpoint(tokenize_endpoint), methods=["POST"]),
+        Route("/detokenize", openai_endpoint(detokenize_endpoint), methods=["POST"]),
+    ]
