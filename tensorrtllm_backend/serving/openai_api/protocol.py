@@ -51,7 +51,7 @@ UNSUPPORTED_FIELDS = {
     "prediction": "predicted outputs (prediction) are not supported",
     "web_search_options": "web search is not supported",
     "reasoning_effort": "reasoning_effort is not supported by this model",
-    "best_of": "best_of is not supported: ask for n sequences and pick one",
+    "best_of": "best_of is a /v1/completions field: ask for n sequences and pick one",
 }
 
 
@@ -140,7 +140,7 @@ class _SamplingFields(OpenAIModel):
         extra = self.model_extra or {}
         for name, reason in UNSUPPORTED_FIELDS.items():
             value = extra.get(name)
-            neutral = value in (None, {}, [], False) or (name == "best_of" and value in (1, self.n))
+            neutral = value in (None, {}, [], False) or (name == "best_of" and value == self.n)
             if not neutral:
                 return name, reason
         if extra.get("modalities") not in (None, ["text"]):
@@ -163,6 +163,13 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None
+    # Sequences generated to answer the n most likely (by cumulative log probability).
+    best_of: int | None = Field(None, ge=1)
+
+    @property
+    def candidates(self) -> int:
+        """Sequences to generate: best_of, or n."""
+        return self.best_of or self.n
 
     @field_validator("prompt")
     @classmethod

@@ -148,7 +148,8 @@ def build_openai_app(
         if parsed.stream:
             events = server.stream_completion(prepared, parsed.usage_report())
             return await _streaming_response(events, server.stream_interval)
-        return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
+        response = await server.complete(prepared, parsed)
+        return JSONResponse(response.model_dump(exclude_none=True))
 
     async def chat_completions(request: Request) -> Response:
         parsed = await _parse(request, ChatCompletionRequest)

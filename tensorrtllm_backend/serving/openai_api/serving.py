@@ -176,14 +176,37 @@ class OpenAIServing(StreamingServing):
         self._check_common(request)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
+        candidates = request.candidates
+        self._check_best_of(request, candidates)
         constraint = _constraint(request)
         guide = constraint.guide if constraint else None
-        params = self._sampling(request, request.logprobs is not None, guide)
+        # best_of ranks the sequences by their log probs: the engine returns them.
+        params = self._sampling(
+            request, request.logprobs is not None or candidates > request.n, guide
+        )
+        if candidates > request.n:
+            params = params.model_copy(update={"num_return_sequences": candidates})
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
         param = constraint.param if constraint else None
         prompt: str = request.prompt  # type: ignore[assignment]
         return await self._prepare(request, prompt, params, param, "openai_completions")
+
+    @staticmethod
+    def _check_best_of(request: CompletionRequest, candidates: int) -> None:
+        if candidates < request.n:
+            raise OpenAIError(
+                f"best_of {candidates} is smaller than n {request.n}: it must be at least n",
+                param="best_of",
+            )
+        if candidates > MAX_RETURN_SEQUENCES:
+            raise OpenAIError(f"best_of is at most {MAX_RETURN_SEQUENCES} here", param="best_of")
+        if candidates > request.n and request.stream:
+            raise OpenAIError(
+                "best_of cannot be streamed: the best sequences are known only at the end "
+                "(send stream false, or best_of equal to n)",
+                param="best_of",
+            )
 
     def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         """The prompt of a chat request, by the model's chat template; `chat_template_kwargs`
@@ -279,15 +302,23 @@ class OpenAIServing(StreamingServing):
             raise OpenAIError(str(error), param=param) from None
 
     # -- running -----------------------------------------------------------------------------
-    async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
+    async def complete(
+        self, prepared: PreparedRequest, request: CompletionRequest | None = None
+    ) -> CompletionResponse:
+        """The whole answer; with `request`, its best_of: the n sequences of highest cumulative
+        log probability among those generated (usage counts every one)."""
         want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
+        sequences = result.sequences
+        if request is not None:
+            want = request.logprobs is not None
+            sequences = best_sequences(sequences, request.n)
         return CompletionResponse(
             id=f"cmpl-{prepared.request_id}",
             model=self.model_name,
             choices=[
                 CompletionChoice(
-                    index=sequence.index,
+                    index=position,
                     text=sequence.text,
                     finish_reason=finish_reason(sequence.finish_reason),
                     logprobs=self._completion_log_probs(
@@ -296,7 +327,7 @@ class OpenAIServing(StreamingServing):
                     if want
                     else None,
                 )
-                for sequence in result.sequences
+                for position, sequence in enumerate(sequences)
             ],
             usage=self._usage(prepared, result.completion_tokens),
         )
@@ -335,6 +366,19 @@ class OpenAIServing(StreamingServing):
             if want_log_probs
             else None,
         )
+
+
+def best_sequences(sequences: list[SequenceResult], n: int) -> list[SequenceResult]:
+    """The n sequences of highest cumulative log probability, best first (all of them, in
+    order, when there are no more than n)."""
+    if len(sequences) <= n:
+        return sequences
+    ranked = sorted(
+        sequences,
+        key=lambda sequence: sequence.cum_log_prob if sequence.cum_log_prob is not None else -1e30,
+        reverse=True,
+    )
+    return ranked[:n]
 
 
 def _constraint(request: CompletionRequest | ChatCompletionRequest) -> OutputConstraint | None:
