@@ -93,7 +93,7 @@ class Message(AnthropicModel):
 
 class Tool(AnthropicModel):
     name: str = Field(..., pattern=NAME_PATTERN)
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] | None = None  # required of client tools (checked below)
     description: str | None = None
     # Client tools have no type or "custom"; others are Anthropic's server tools.
     type: str | None = None
@@ -184,6 +184,8 @@ def unsupported(request: CountTokensRequest) -> tuple[str, str] | None:
                 f"server tools such as {tool.type!r} are not supported: this server runs the "
                 "model only (client tools, with an input_schema, are)"
             )
+        if tool.input_schema is None:
+            return f"tools[{position}].input_schema", "a tool needs its input_schema"
     if request.output_config is not None and request.output_config.effort is not None:
         return "output_config.effort", "effort is not supported by this model"
     return None
