@@ -42,6 +42,7 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
+from tensorrtllm_backend.serving.parent_watch import follow_parent
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
@@ -92,6 +93,7 @@ class TRTLLM:
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
+        follow_parent()  # a worker outlives a killed `bentoml serve` otherwise
         try:
             await self.runtime.start()
         except TritonSetupError as error:
@@ -112,10 +114,11 @@ class TRTLLM:
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
-        if await self.runtime.is_ready():
+        reason = self.runtime.not_ready_reason()  # from state: no I/O on the probe's path
+        if reason is None:
             return True
         # BentoML answers False with a fixed text; this 503 says why (failed, restarting...).
-        raise HTTPException(503, detail=self.runtime.not_ready_reason())
+        raise HTTPException(503, detail=reason)
 
     def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)

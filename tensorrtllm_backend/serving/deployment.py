@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import bentoml
@@ -20,6 +19,7 @@ import bentoml
 from ..common.model_store import FORMAT
 from ..settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
 from ..triton.command import find_free_port
+from .parent_watch import is_bentoml_serve
 
 DEFAULT_MODEL = "trtllm-demo:latest"
 
@@ -192,11 +192,7 @@ def end_serving(reason: BaseException) -> None:
     to shut down (SIGTERM, as Ctrl-C would), so the start ends with the reason in the log.
     """
     parent = os.getppid()
-    try:
-        command = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return
-    if not any(b"bentoml" in part for part in command) or b"serve" not in command:
+    if not is_bentoml_serve(parent):
         return  # not started by `bentoml serve` (a test harness, a notebook): leave it alone
     logging.getLogger("bentoml.trtllm").error(
         "the service cannot start, stopping `bentoml serve` (pid %d): %s", parent, reason

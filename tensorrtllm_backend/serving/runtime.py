@@ -22,6 +22,7 @@ from ..settings import load_settings
 from ..triton.client import TritonLLMClient
 from ..triton.command import TritonServerConfig
 from ..triton.localize import localize_repository
+from ..triton.readiness import Readiness
 from ..triton.sharing import SharedTriton
 from ..triton.supervisor import ServerState, TritonSupervisor
 from ..triton.watchdog import StallWatchdog
@@ -115,6 +116,7 @@ class LLMRuntime:
         self.triton: TritonSupervisor | SharedTriton | None = None
         self._client: TritonLLMClient | None = None
         self._generator: Generator | None = None
+        self._readiness: Readiness | None = None
         self._run_dir: Path | None = None
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -166,6 +168,8 @@ class LLMRuntime:
             await asyncio.to_thread(triton.stop)
             raise
         self._client = TritonLLMClient(triton.grpc_url, self._restart_for_dead_instance)
+        self._readiness = Readiness(triton, self._client)
+        self._readiness.start()
         self._generator = Generator(
             self._client,
             tokenizer,
@@ -235,23 +239,22 @@ class LLMRuntime:
             return (ROUTE_MODELS[self.route],)
         return ()
 
-    async def is_ready(self) -> bool:
-        if self.triton is None or self._generator is None:
-            return False
-        return await asyncio.to_thread(self.triton.is_ready)
-
-    def not_ready_reason(self) -> str:
-        """What /readyz says while the service is not ready."""
-        triton = self.triton
-        if triton is None or self._generator is None:
+    def not_ready_reason(self) -> str | None:
+        """None when this replica can serve; else what /readyz's 503 says. No I/O: it answers
+        from the supervisor's state and the evidence :class:`Readiness` keeps."""
+        triton, readiness = self.triton, self._readiness
+        if triton is None or self._generator is None or readiness is None:
             return "the model server is starting"
+        why = readiness.not_ready_reason()
+        if why is None:  # also while restarting: the new tritonserver already serves
+            return None
         failure = triton.failure
         if triton.state is ServerState.FAILED:
             return f"the model server failed and is not restarted: {failure or 'see the log'}"
         if triton.state is ServerState.RESTARTING:
             return f"the model server is restarting ({failure or 'it stopped answering'})"
         if triton.state is ServerState.READY:
-            return "the model server does not answer its readiness check"
+            return f"the model server does not serve: {why}"
         return f"the model server is {triton.state.value}"
 
     def triton_metrics_url(self) -> str | None:
@@ -277,6 +280,9 @@ class LLMRuntime:
             triton.restart(f"its model instance {instance} died or stopped answering")
 
     async def stop(self) -> None:
+        if self._readiness is not None:
+            await asyncio.to_thread(self._readiness.stop)
+            self._readiness = None
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -147,6 +148,16 @@ class TritonLLMClient:
         # Progress, for the stall watchdog: streams open and responses received so far.
         self.open_streams = 0
         self.responses_received = 0
+        # When the last response without an error arrived (time.monotonic()), for readiness:
+        # a server that just answered serves, however slow its health endpoint is.
+        self.last_response_at = 0.0
+
+    @property
+    def reconnecting(self) -> bool:
+        """Whether the channel waits to reconnect after failing to: a request now fails at once.
+        (No I/O; an idle channel connects on the next request.)"""
+        state = self._channel.get_state(try_to_connect=False)
+        return state is grpc.ChannelConnectivity.TRANSIENT_FAILURE
 
     async def close(self) -> None:
         for task in list(self._finishing):
@@ -191,6 +202,7 @@ class TritonLLMClient:
                 self.responses_received += 1
                 if response.error_message:
                     raise self._model_error(model_name, response.error_message)
+                self.last_response_at = time.monotonic()
                 yield InferResult(response.infer_response)
             finished = True
         except grpc.aio.AioRpcError as error:

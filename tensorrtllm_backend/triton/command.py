@@ -1,23 +1,30 @@
 """tritonserver's command line: loopback ports, the configuration of one server, argv (with
-mpirun for several ranks), and the environment its python stubs need."""
+mpirun for several ranks) behind its parent-death wrapper, the secret that closes Triton's
+control plane, and the environment its python stubs need."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import functools
+import logging
 import os
+import secrets
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..settings import BACKEND_PYTHONPATH_ENV
+from ..settings import BACKEND_PYTHONPATH_ENV, env_name
 from .install import TritonInstallation
 
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = env_name("api_key")
 LOOPBACK = "127.0.0.1"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,14 +97,27 @@ def find_free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def probe_ready(ports: TritonPorts, timeout: float) -> bool:
-    """Triton's own readiness endpoint (server live and every loaded model ready)."""
+def check_ready(ports: TritonPorts, timeout: float) -> bool | None:
+    """Triton's own readiness endpoint (server live and every loaded model ready): True when it
+    says ready; False when it says not ready or nothing listens; None when no answer came within
+    `timeout`, which on a busy host says nothing either way."""
     url = f"{ports.http_url}/v2/health/ready"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+            return bool(response.status == 200)
+    except urllib.error.HTTPError:  # it answered: not ready
         return False
+    except urllib.error.URLError as error:
+        return None if isinstance(error.reason, TimeoutError) else False
+    except TimeoutError:  # connected, but the answer did not come in time
+        return None
+    except (OSError, ValueError):
+        return False
+
+
+def probe_ready(ports: TritonPorts, timeout: float) -> bool:
+    """Whether Triton says it is ready, answering within `timeout`."""
+    return check_ready(ports, timeout) is True
 
 
 def _site_packages() -> list[str]:
@@ -127,6 +147,47 @@ def default_python_paths() -> list[str]:
     return [*_site_packages(), str(PROJECT_ROOT)]
 
 
+# Triton's APIs that change the server or read its internals: model load / unload / index,
+# shared-memory registration, log, trace and statistics. Health, metadata, model config and
+# inference stay open: the service and its readiness check use them.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
+CONTROL_HEADER = "trtllm-triton-control"
+# tritonserver prefixes the header a restricted gRPC protocol expects with this.
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
+
+
+@dataclass(frozen=True)
+class ControlSecret:
+    """The secret one tritonserver run expects on its restricted APIs.
+
+    Triton binds loopback only, but any process of the host's network namespace (a sidecar in
+    the pod) could otherwise unload the model. A new secret is drawn for each start; it lives in
+    the supervisor's memory and in tritonserver's argv (nowhere in an environment, so no stub
+    inherits it), and `repr` hides it so a log line cannot show it.
+    """
+
+    value: str = field(repr=False, default_factory=lambda: secrets.token_urlsafe(32))
+
+    def args(self) -> list[str]:
+        apis = ",".join(RESTRICTED_APIS)
+        return [
+            f"--grpc-restricted-protocol={apis}:{CONTROL_HEADER}={self.value}",
+            f"--http-restricted-api={apis}:{CONTROL_HEADER}={self.value}",
+        ]
+
+    @property
+    def http_headers(self) -> dict[str, str]:
+        return {CONTROL_HEADER: self.value}
+
+    @property
+    def grpc_headers(self) -> dict[str, str]:
+        return {GRPC_RESTRICTED_PREFIX + CONTROL_HEADER: self.value}
+
+    def redact(self, command: Sequence[str]) -> str:
+        """`command` as a log line, the secret replaced."""
+        return " ".join(command).replace(self.value, "<secret>")
+
+
 def _model_control_args(models: Sequence[str]) -> list[str]:
     if not models:
         return []
@@ -134,12 +195,16 @@ def _model_control_args(models: Sequence[str]) -> list[str]:
 
 
 def build_command(
-    installation: TritonInstallation, config: TritonServerConfig, ports: TritonPorts
+    installation: TritonInstallation,
+    config: TritonServerConfig,
+    ports: TritonPorts,
+    control: ControlSecret | None = None,
 ) -> list[str]:
     """argv for tritonserver, or for mpirun with one tritonserver per rank when world_size > 1.
 
     As NVIDIA's launcher does, each rank gets its own python-backend shared-memory prefix and
-    only rank 0 serves clients; the other ranks load just the TensorRT-LLM model.
+    only rank 0 serves clients; the other ranks load just the TensorRT-LLM model. With
+    `control`, rank 0's restricted APIs expect its secret.
     """
 
     def rank_args(rank: int) -> list[str]:
@@ -162,6 +227,7 @@ def build_command(
                 f"--metrics-port={ports.metrics}",
                 f"--log-verbose={config.log_verbose}",
                 *_model_control_args(config.models),
+                *(control.args() if control is not None else ()),
                 *config.extra_args,
             ]
         else:
@@ -204,8 +270,10 @@ def tritonserver_environment(
     installation: TritonInstallation, python_paths: Sequence[str] | None
 ) -> dict[str, str]:
     """This process's environment for tritonserver: the wheel's libraries on the loader path, the
-    paths the python models import from (TRTLLM_BACKEND_PYTHONPATH), the venv off PATH."""
+    paths the python models import from (TRTLLM_BACKEND_PYTHONPATH), the venv off PATH, and
+    without the service's API key (every python stub inherits this environment)."""
     env = dict(os.environ)
+    env.pop(API_KEY_ENV, None)
     if installation.library_dirs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             [*(str(d) for d in installation.library_dirs), env.get("LD_LIBRARY_PATH", "")]
@@ -216,11 +284,44 @@ def tritonserver_environment(
     return env
 
 
-_PR_SET_PDEATHSIG = 1
+def _setpriv_with_pdeathsig() -> str | None:
+    """util-linux's setpriv, if it is here and knows --pdeathsig (util-linux >= 2.33: Debian 10,
+    Ubuntu 20.04 and the NGC images built on them or later)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    try:
+        usage = subprocess.run(
+            [setpriv, "--help"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return setpriv if "--pdeathsig" in usage else None
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: get SIGKILLed when the spawning thread dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+@functools.cache
+def _death_signal_wrapper() -> str | None:
+    """Found once per process, and said once: whether children follow their spawning thread."""
+    setpriv = _setpriv_with_pdeathsig()
+    if setpriv is None:
+        logger.warning(
+            "util-linux setpriv with --pdeathsig was not found: tritonserver will not die with a "
+            "SIGKILLed worker (a stopped worker still stops it; install util-linux to close this)"
+        )
+    return setpriv
+
+
+def with_death_signal(command: Sequence[str], sig: signal.Signals = signal.SIGKILL) -> list[str]:
+    """`command` run through `setpriv --pdeathsig`, so that the child gets `sig` when the thread
+    that spawned it ends (the worker's supervisor thread, with the worker itself).
+
+    The parent-death signal is set by setpriv after the fork and kept across its exec, so no
+    Python runs between fork and exec (a `preexec_fn` in a multithreaded parent can deadlock
+    the child). As setpriv asks for it a moment after Popen returns, the spawning thread must
+    not end at once (the supervisor's lives as long as its tritonserver). Where setpriv is
+    missing, `command` runs as is.
+    """
+    setpriv = _death_signal_wrapper()
+    if setpriv is None:
+        return list(command)
+    return [setpriv, f"--pdeathsig={sig.name.removeprefix('SIG')}", "--", *command]

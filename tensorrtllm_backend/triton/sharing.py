@@ -10,6 +10,10 @@ The worker that holds an exclusive lock named after the gRPC port runs tritonser
 trying the lock: when the owner goes away (a crash, or a stopped worker; inside a container
 BentoML does not respawn dead workers), tritonserver dies with it and one of them starts a new
 one on the same ports, where every worker's gRPC channel reconnects.
+
+No worker calls Triton's restricted APIs (model control and the like, see
+`command.ControlSecret`): inference, health and metadata are open to all of them, so the
+owner's secret never leaves its supervisor.
 """
 
 from __future__ import annotations
@@ -55,8 +59,8 @@ def _is_our_tritonserver(pid: int, grpc_port: int) -> bool:
 class SharedTriton(TritonEndpoints):
     """The tritonserver of a multi-worker service, as seen from one worker.
 
-    Offers what the runtime uses of a :class:`TritonSupervisor` (start, stop, restart,
-    is_ready, state, URLs), whether this worker runs tritonserver or uses another's.
+    Offers what the runtime uses of a :class:`TritonSupervisor` (start, stop, restart, state,
+    running_since, URLs), whether this worker runs tritonserver or uses another's.
     """
 
     def __init__(
@@ -94,16 +98,20 @@ class SharedTriton(TritonEndpoints):
         supervisor = self.supervisor
         if supervisor is not None:
             return supervisor.state
-        # Another worker's: whether it answers is what is_ready() finds out.
+        # Another worker's: whether it answers is what the readiness checks find out.
         if self._failure is not None:
             return ServerState.FAILED
         return ServerState.STOPPED if self._stopping.is_set() else ServerState.READY
 
-    def is_ready(self) -> bool:
+    @property
+    def running_since(self) -> float | None:
+        """As :attr:`TritonSupervisor.running_since` for the tritonserver this worker runs. For
+        another worker's, its start is not known here: 0.0 unless this worker stopped or cannot
+        take over, and the readiness checks tell whether it serves."""
         supervisor = self.supervisor
         if supervisor is not None:
-            return supervisor.is_ready()
-        return probe_ready(self.ports, timeout=1.0)
+            return supervisor.running_since
+        return 0.0 if self.state is ServerState.READY else None
 
     @property
     def failure(self) -> str | None:

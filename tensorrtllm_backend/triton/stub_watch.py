@@ -40,7 +40,12 @@ def _model_of(pid_dir: Path) -> str:
 
 def python_stubs(root_pid: int, proc: Path = Path("/proc")) -> dict[int, bool]:
     """Python backend stubs among the descendants of root_pid (tritonserver, or mpirun with its
-    ranks), each with whether it is still alive."""
+    ranks), each with whether it is still alive.
+
+    A stub's own descendants are not stubs, even when they carry its name: a model that forks
+    (multiprocessing, or a subprocess in the moment between fork and exec) makes children named
+    like the stub, and their normal exit must not count as a dead stub.
+    """
     children: dict[int, list[int]] = {}
     stubs: dict[int, bool] = {}
     try:
@@ -64,7 +69,8 @@ def python_stubs(root_pid: int, proc: Path = Path("/proc")) -> dict[int, bool]:
         pid = pending.pop()
         if pid in stubs:
             found[pid] = stubs[pid]
-        pending.extend(children.get(pid, []))
+        else:
+            pending.extend(children.get(pid, []))
     return found
 
 

@@ -2,8 +2,14 @@
 ready, watch it, restart it when it dies, and stop it without leaving any process behind.
 
 The service owns exactly one :class:`TritonSupervisor`. All process spawning happens on the
-supervisor's own thread: ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits,
-so tritonserver dies with the thread that owns it and never outlives a SIGKILLed service.
+supervisor's own thread: tritonserver is exec'd through ``setpriv --pdeathsig KILL``
+(`command.with_death_signal`), and the parent-death signal fires when the *thread* that forked
+the child exits, so tritonserver dies with the thread that owns it and never outlives a
+SIGKILLed service. With several ranks it is mpirun that gets the signal.
+
+Each start draws a new :class:`ControlSecret`: Triton's model-control, shared-memory, log,
+trace and statistics APIs answer only requests that carry it (`control`), and it is never
+logged.
 """
 
 from __future__ import annotations
@@ -23,15 +29,16 @@ from pathlib import Path
 
 from .command import (
     LOOPBACK,
+    ControlSecret,
     TritonEndpoints,
     TritonPorts,
     TritonServerConfig,
     build_command,
-    die_with_parent,
     find_free_port,
     port_free,
     probe_ready,
     tritonserver_environment,
+    with_death_signal,
 )
 from .install import (
     TritonError,
@@ -71,6 +78,7 @@ class _Run:
     process: subprocess.Popen[bytes]
     ports: TritonPorts
     log_path: Path
+    control: ControlSecret
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -131,18 +139,30 @@ class TritonSupervisor(TritonEndpoints):
         return self._run.process.pid if self._run else None
 
     @property
+    def control(self) -> ControlSecret | None:
+        """The secret the running tritonserver's restricted APIs expect (None while none runs)."""
+        return self._run.control if self._run else None
+
+    @property
     def log_path(self) -> Path | None:
         return self._run.log_path if self._run else None
 
     def loglog_tail(self, lines: int = 40) -> str:
         return log_tail(self._run.log_path, lines) if self._run else ""
 
-    def is_ready(self) -> bool:
-        """Ready means: our process is alive and Triton's own readiness endpoint says so."""
+    @property
+    def running_since(self) -> float | None:
+        """When the running tritonserver started (``time.monotonic()``); None while none runs
+        (stopped, failed, or dead and not yet replaced). No I/O: /readyz asks it on every call,
+        and a dead tritonserver reads as such at once, before the watch loop's next tick."""
         run = self._run
-        if self._state is not ServerState.READY or run is None or run.process.poll() is not None:
-            return False
-        return probe_ready(run.ports, timeout=1.0)
+        if run is None or run.process.poll() is not None:
+            return None
+        return run.started_at
+
+    def is_ready(self) -> bool:
+        """Started, found ready by its start-up check, and still running (no I/O)."""
+        return self._state is ServerState.READY and self.running_since is not None
 
     def start(self) -> None:
         """Start tritonserver and block until it is ready (raises TritonStartupError)."""
@@ -341,20 +361,20 @@ class TritonSupervisor(TritonEndpoints):
         repository = Path(self.config.model_repository)
         if not repository.is_dir():
             raise TritonStartupError(f"model repository {repository} is not a directory")
-        command = build_command(installation, self.config, ports)
+        control = ControlSecret()
+        command = build_command(installation, self.config, ports, control)
         log_path = self._log_dir / f"tritonserver-{int(time.time() * 1000)}.log"
-        logger.info("starting tritonserver: %s", " ".join(command))
+        logger.info("starting tritonserver: %s", control.redact(command))
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                command,
+                with_death_signal(command),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._environment(installation),
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
-        run = _Run(process, ports, log_path)
+        run = _Run(process, ports, log_path, control)
         self._run = run
         return run
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import signal
@@ -21,7 +20,7 @@ import openai
 import psutil
 import pytest
 
-from tensorrtllm_backend.triton.command import find_free_port
+from tensorrtllm_backend.triton.command import find_free_port, with_death_signal
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -152,13 +151,6 @@ class BentoServer:
         return started
 
 
-def _stop_with_pytest() -> None:
-    """Runs in the child before exec: a killed pytest (no fixture teardown) still stops its
-    servers. SIGTERM, so `bentoml serve` shuts its worker and Triton down in order."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def launch_bento_server(
     model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
 ) -> BentoServer:
@@ -171,11 +163,13 @@ def launch_bento_server(
         **(env or {}),
     }  # fmt: skip
     with log_path.open("wb") as log:
+        # A killed pytest (no fixture teardown) still stops its servers: SIGTERM when the
+        # spawning thread dies, so `bentoml serve` shuts its workers and Triton down in order.
         process = subprocess.Popen(
-            [sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
-             "--host", host, "--port", str(port)],
+            with_death_signal([sys.executable, "-m", "bentoml", "serve", "service:TRTLLM",
+                               "--host", host, "--port", str(port)], signal.SIGTERM),
             cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_stop_with_pytest,
+            start_new_session=True,
         )  # fmt: skip
     return BentoServer(f"http://127.0.0.1:{port}", process, log_path)
 
@@ -191,6 +185,14 @@ def serves_requests(url: str, max_tokens: int = 4) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def readyz_status(url: str, timeout: float = 10.0) -> int:
+    """/readyz's status code right now; 0 when the server did not answer."""
+    try:
+        return httpx.get(f"{url}/readyz", timeout=timeout).status_code
+    except httpx.HTTPError:
+        return 0
 
 
 def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:

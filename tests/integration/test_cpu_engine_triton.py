@@ -185,11 +185,32 @@ def metric(triton, name: str, model: str) -> float:
     return float(match.group(1))
 
 
+PUBLISH_PERIODS_S = 0.3  # three of the engine's metric publications (every 0.1 s)
+
+
+async def settled_metric(triton, name: str, model: str, timeout: float = 30.0) -> float:
+    """`name` of `model` once earlier tests' counts have all reached the endpoint: the model
+    shows nothing running or queued, and the value held over three publications."""
+
+    def idle() -> bool:
+        return all(
+            metric(triton, gauge, model) == 0
+            for gauge in ("trtllm_cpu_engine_active_requests", "trtllm_cpu_engine_queued_requests")
+        )
+
+    deadline = time.monotonic() + timeout
+    previous = None
+    while True:
+        value = metric(triton, name, model) if idle() else None
+        if value is not None and value == previous:
+            return value
+        assert time.monotonic() < deadline, f"{name} of {model} did not settle: {value}"
+        previous = value
+        await asyncio.sleep(PUBLISH_PERIODS_S)
+
+
 async def cancelled_so_far(triton, model: str) -> float:
-    """The model's cancelled-requests counter once earlier tests' counts have reached the
-    endpoint (published every 0.1 s)."""
-    await asyncio.sleep(0.3)
-    return metric(triton, "trtllm_cpu_engine_cancelled_requests_total", model)
+    return await settled_metric(triton, "trtllm_cpu_engine_cancelled_requests_total", model)
 
 
 async def wait_metric(triton, name: str, model: str, predicate, timeout: float = 5.0) -> float:
@@ -267,8 +288,7 @@ async def test_end_id_and_stop_words(client):
 
 
 async def test_64_concurrent_streams_get_exact_counts(client, triton):
-    await asyncio.sleep(0.3)  # let earlier tests' counts reach the endpoint (published every 0.1 s)
-    before = metric(triton, "trtllm_cpu_engine_generated_tokens_total", FAST)
+    before = await settled_metric(triton, "trtllm_cpu_engine_generated_tokens_total", FAST)
     counts = [20 + (i % 7) for i in range(64)]
     results = await asyncio.gather(
         *[

@@ -20,7 +20,13 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import counter_change, engine_counters, serves_requests
+from tests.integration.conftest import (
+    counter_change,
+    engine_counters,
+    readyz_status,
+    serves_requests,
+)
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -39,15 +45,6 @@ def tritonserver_of(server: BentoServer) -> psutil.Process:
     return main
 
 
-def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
-
 def wait_ready(server: BentoServer, timeout: float = 120.0) -> None:
     def ready() -> bool:
         assert server.process.poll() is None, server.log()[-3000:]
@@ -64,13 +61,6 @@ def wait_for_log(server: BentoServer, needle: str, timeout: float = 90.0) -> str
         f"{needle!r} not in the log after {timeout}s:\n{server.log()[-4000:]}"
     )
     return server.log()
-
-
-def readyz(server: BentoServer) -> int:
-    try:
-        return httpx.get(f"{server.url}/readyz", timeout=3).status_code
-    except httpx.HTTPError:
-        return 0
 
 
 @dataclass
@@ -137,7 +127,7 @@ def test_client_disconnect_stops_the_engine(slow_metrics_server) -> None:
                 and now["trtllm_cpu_engine_active_requests"] == 0
             )
 
-        assert wait_for(cancelled, 5.0), (path, engine_counters(metrics_port))
+        assert wait_for(cancelled, 15.0), (path, engine_counters(metrics_port))
         settled = engine_counters(metrics_port)["trtllm_cpu_engine_generated_tokens_total"]
         time.sleep(0.5)  # 10 steps at 50 ms: nothing more may be generated for it
         after = engine_counters(metrics_port)
@@ -162,7 +152,7 @@ def test_stop_string_lets_the_engine_end_the_request(slow_metrics_server) -> Non
     def settled() -> bool:
         return engine_counters(metrics_port)["trtllm_cpu_engine_active_requests"] == 0
 
-    assert wait_for(settled, 5.0)
+    assert wait_for(settled, 15.0)
     change = counter_change(before, engine_counters(metrics_port))
     assert change["trtllm_cpu_engine_cancelled_requests_total"] == 0
     generated = change["trtllm_cpu_engine_generated_tokens_total"]
@@ -178,13 +168,15 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
          "messages": [{"role": "user", "content": "hi"}]},
     )  # fmt: skip
     assert native.started.wait(20) and chat.started.wait(20)
-    time.sleep(0.3)
+    assert wait_for(lambda: len(native.chunks) >= 3 and len(chat.chunks) >= 3, 30), "no stream"
     assert native.error is None and chat.error is None
 
     tritonserver_of(server).kill()
     killed_at = time.monotonic()
     # while Triton is down: not ready, and a non-streaming request is a 503 with Retry-After
-    assert wait_for(lambda: readyz(server) == 503, 3.0), "readyz did not report the outage"
+    assert wait_for(lambda: readyz_status(server.url) == 503, 3.0), (
+        "readyz did not report the outage"
+    )
     outage = httpx.post(
         f"{server.url}/generate_text", json={"prompt": PROMPT, "max_tokens": 4}, timeout=10
     )
@@ -207,7 +199,7 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
 
     # the supervisor restarts Triton and new requests succeed within 30 s
     assert wait_for(lambda: serves_requests(server.url), 30.0, 0.5), server.log()[-3000:]
-    assert readyz(server) == 200
+    assert readyz_status(server.url) == 200
     # checked last so that the recovery above is checked too: a cut stream must not look complete
     assert native.error is not None, (
         "the native stream ended like a normal completion: the client cannot tell it failed "
@@ -343,7 +335,7 @@ def _fails_clearly(server: BentoServer, needles: tuple[str, ...], timeout: float
     while time.monotonic() < deadline:
         log = server.log()
         if all(n in log for n in needles):
-            assert readyz(server) != 200
+            assert readyz_status(server.url) != 200
             return log
         if server.process.poll() is not None:
             break

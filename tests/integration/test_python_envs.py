@@ -26,6 +26,7 @@ from tensorrtllm_backend.common.model_store import REPOSITORY
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.install import TritonModelLoadError
 from tensorrtllm_backend.triton.supervisor import ServerState, TritonSupervisor
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -166,13 +167,14 @@ def test_a_model_broken_after_a_crash_is_not_restarted_forever(tmp_path: Path) -
         seen += process_tree(supervisor.pid)
         model_py.write_text(broken)
         os.kill(supervisor.pid or 0, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while supervisor.state is not ServerState.FAILED and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert supervisor.state is ServerState.FAILED, supervisor.state
+        assert wait_for(lambda: supervisor.state is ServerState.FAILED, 60), supervisor.state
         assert supervisor.restarts == 1
         assert "package_that_is_not_installed" in (supervisor.failure or "")
-        time.sleep(3)
+        # It stopped there: the thread that would start tritonserver again has ended.
+        owner = supervisor._thread
+        assert owner is not None
+        owner.join(30)
+        assert not owner.is_alive(), "the supervisor kept watching a model that cannot load"
         assert supervisor.restarts == 1 and supervisor.pid is None
     finally:
         seen += process_tree(supervisor.pid)
@@ -217,11 +219,12 @@ def test_readyz_says_why_after_a_restart_that_cannot_load(
     model_py.unlink()  # a copy of our own: the stored model's file (if linked) stays intact
     model_py.write_text(BROKEN_IMPORT + text)
     triton.kill()
-    deadline = time.monotonic() + 60
-    response = httpx.get(f"{server.url}/readyz", timeout=5)
-    while "not restarted" not in response.text and time.monotonic() < deadline:
-        time.sleep(0.5)
-        response = httpx.get(f"{server.url}/readyz", timeout=5)
+
+    def said_why() -> httpx.Response | None:
+        response = httpx.get(f"{server.url}/readyz", timeout=10)
+        return response if "not restarted" in response.text else None
+
+    response = wait_for(said_why, 60, 0.5) or httpx.get(f"{server.url}/readyz", timeout=10)
     assert response.status_code == 503
     assert "the model server failed and is not restarted" in response.text, response.text
     assert "No module named 'package_that_is_not_installed'" in response.text
@@ -254,10 +257,7 @@ def test_a_worker_taking_over_a_model_that_cannot_load_stops_trying(tmp_path: Pa
         assert owner.owner and not follower.owner
         model_py.write_text(broken)
         owner.stop()
-        deadline = time.monotonic() + 60
-        while follower.state is not ServerState.FAILED and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert follower.state is ServerState.FAILED
+        assert wait_for(lambda: follower.state is ServerState.FAILED, 60), follower.state
         assert "package_that_is_not_installed" in (follower.failure or "")
         assert follower._takeover is not None
         follower._takeover.join(5)

@@ -31,6 +31,7 @@ from tensorrtllm_backend.packing.repository import fill_repository
 from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
@@ -317,15 +318,6 @@ def _text_only_stop(tokenizer, full: str, ids: list[int]) -> str:
     raise AssertionError("no text-only stop string in the synthetic output")
 
 
-async def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return predicate()
-
-
 async def test_bls_stop_string_cancels_engine_request(
     synthetic_server: Server, demo_tokenizer
 ) -> None:
@@ -344,11 +336,11 @@ async def test_bls_stop_string_cancels_engine_request(
     )
     assert result.error is None
     assert result.text == full[: full.index(stop_text)]
-    assert await _wait_for(
-        lambda: synthetic_server.metric("trtllm_cpu_engine_cancelled_requests_total") > before
+    assert await wait_for_async(
+        lambda: synthetic_server.metric("trtllm_cpu_engine_cancelled_requests_total") > before, 10
     )
-    assert await _wait_for(
-        lambda: synthetic_server.metric("trtllm_cpu_engine_active_requests") == 0
+    assert await wait_for_async(
+        lambda: synthetic_server.metric("trtllm_cpu_engine_active_requests") == 0, 10
     )
 
 
@@ -363,11 +355,11 @@ async def test_bls_client_cancellation_cancels_engine_request(synthetic_server: 
             if received == 3:
                 call.cancel()
                 break
-    assert await _wait_for(
-        lambda: synthetic_server.metric("trtllm_cpu_engine_cancelled_requests_total") > before
+    assert await wait_for_async(
+        lambda: synthetic_server.metric("trtllm_cpu_engine_cancelled_requests_total") > before, 10
     )
-    assert await _wait_for(
-        lambda: synthetic_server.metric("trtllm_cpu_engine_active_requests") == 0
+    assert await wait_for_async(
+        lambda: synthetic_server.metric("trtllm_cpu_engine_active_requests") == 0, 10
     )
 
 

@@ -1,13 +1,13 @@
-"""Security on a real `bentoml serve`: Triton on loopback only, the optional API key on
-every API (native and OpenAI) with health and metrics open, the in-flight bound (429 +
-Retry-After), unguessable request ids, and no shell=True anywhere in the repository."""
+"""Security on a real `bentoml serve`: Triton on loopback only, its control plane closed by a
+per-start secret and the API key kept out of its environment, the optional API key on every API
+(native and OpenAI) with health and metrics open, the in-flight bound (429 + Retry-After),
+unguessable request ids, and neither shell=True nor preexec_fn anywhere in the repository."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +17,13 @@ import httpx
 import openai
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
+from test_server import echo, kill_all, process_tree, write_echo_repository
+from tritonclient.utils import InferenceServerException
+
+from tensorrtllm_backend.triton.command import TritonServerConfig
+from tensorrtllm_backend.triton.supervisor import TritonSupervisor
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -159,21 +166,128 @@ def test_third_concurrent_stream_gets_429_with_retry_after(secured: BentoServer)
     for thread in threads:
         thread.join(30)
     assert statuses == [200, 200]
-    # the slots are free again
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def answered() -> httpx.Response | None:
         again = httpx.post(
             f"{secured.url}/generate_text", json={"prompt": "hi", "max_tokens": 2}, headers=AUTH,
             timeout=TIMEOUT,
         )  # fmt: skip
-        if again.status_code == 200:
-            break
-        time.sleep(0.2)
-    assert again.status_code == 200, again.text
+        return again if again.status_code == 200 else None
+
+    assert wait_for(answered, 30, 0.2), "the in-flight slots were not free again"
 
 
-def test_no_shell_true_anywhere() -> None:
-    needle = re.compile(r"shell\s*=\s*True|os\.system\(|os\.popen\(")
+def test_triton_and_its_stubs_never_see_the_api_key(secured: BentoServer) -> None:
+    tritons = secured.tritons()
+    assert {p.name() for p in tritons} >= {"tritonserver", "triton_python_backend_stub"}
+    for process in tritons:
+        environment = process.environ()
+        assert "TRTLLM_API_KEY" not in environment, process
+        assert not [name for name, value in environment.items() if KEY in value], process
+
+
+@pytest.fixture(scope="module")
+def throwaway_triton(tmp_path_factory: pytest.TempPathFactory):
+    """A tritonserver of its own (the echo model, loaded explicitly) whose models the tests may
+    unload."""
+    root = tmp_path_factory.mktemp("control-plane")
+    config = TritonServerConfig(
+        model_repository=write_echo_repository(root / "repo"),
+        models=("echo",),
+        startup_timeout_s=60,
+        log_dir=root / "logs",
+    )
+    supervisor = TritonSupervisor(config)
+    started: list[psutil.Process] = []
+    try:
+        supervisor.start()
+        started = process_tree(supervisor.pid)
+        yield supervisor
+    finally:
+        supervisor.stop()
+        kill_all(started)
+
+
+RESTRICTED_HTTP = [
+    ("POST", "/v2/repository/index"),
+    ("POST", "/v2/repository/models/echo/load"),
+    ("GET", "/v2/models/stats"),
+    ("GET", "/v2/logging"),
+    ("GET", "/v2/trace/setting"),
+    ("GET", "/v2/systemsharedmemory/status"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), RESTRICTED_HTTP, ids=[p for _, p in RESTRICTED_HTTP])
+def test_triton_control_apis_need_the_secret(throwaway_triton, method: str, path: str) -> None:
+    url = throwaway_triton.http_url + path
+    for headers in ({}, {"trtllm-triton-control": "guess"}):
+        refused = httpx.request(method, url, headers=headers, timeout=TIMEOUT)
+        assert refused.status_code == 403, refused.text
+        assert "restricted" in refused.text
+    allowed = httpx.request(
+        method, url, headers=throwaway_triton.control.http_headers, timeout=TIMEOUT
+    )
+    assert allowed.status_code == 200, allowed.text
+
+
+def test_inference_health_and_metadata_stay_open(throwaway_triton) -> None:
+    http = throwaway_triton.http_url
+    for path in (
+        "/v2/health/ready",
+        "/v2/health/live",
+        "/v2/models/echo",
+        "/v2/models/echo/config",
+    ):
+        assert httpx.get(http + path, timeout=TIMEOUT).status_code == 200, path
+    assert echo(throwaway_triton.grpc_url, [1.0, 2.5]) == [2.0, 5.0]
+
+
+def test_model_unload_without_the_secret_is_refused(throwaway_triton) -> None:
+    """What a process on the host's loopback (a sidecar in the pod) could do to the model."""
+    control = throwaway_triton.control
+    http = throwaway_triton.http_url
+    with grpcclient.InferenceServerClient(throwaway_triton.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.unload_model("echo")
+        refused = httpx.post(f"{http}/v2/repository/models/echo/unload", timeout=TIMEOUT)
+        assert refused.status_code == 403, refused.text
+        assert client.is_model_ready("echo")
+
+        client.unload_model("echo", headers=control.grpc_headers)
+        assert wait_for(lambda: not client.is_model_ready("echo"), 10)
+        client.load_model("echo", headers=control.grpc_headers)
+        assert client.is_model_ready("echo")
+        unloaded = httpx.post(
+            f"{http}/v2/repository/models/echo/unload", headers=control.http_headers,
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        assert unloaded.status_code == 200, unloaded.text
+        assert wait_for(lambda: not client.is_model_ready("echo"), 10)
+        client.load_model("echo", headers=control.grpc_headers)
+    assert echo(throwaway_triton.grpc_url, [3.0]) == [6.0]
+
+
+def test_the_secret_is_fresh_at_each_start_and_never_logged(throwaway_triton) -> None:
+    secret = throwaway_triton.control.value
+    assert secret not in throwaway_triton.log_path.read_text(errors="replace")
+    triton = psutil.Process(throwaway_triton.pid)
+    for process in [triton, *triton.children(recursive=True)]:
+        assert not [v for v in process.environ().values() if secret in v], process
+    throwaway_triton.restart("a test wants a new secret")
+    assert wait_for(lambda: throwaway_triton.pid != triton.pid, 60)
+    assert throwaway_triton.wait_ready(60)
+    assert throwaway_triton.control.value != secret
+    refused = httpx.post(
+        f"{throwaway_triton.http_url}/v2/repository/index",
+        headers={"trtllm-triton-control": secret}, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert refused.status_code == 403  # the last run's secret opens nothing
+
+
+def _repository_lines(needle: re.Pattern[str]) -> list[str]:
+    """Lines of the repository's Python files that match `needle` (this file excepted: it
+    names the patterns it looks for)."""
     offenders = []
     for path in ROOT.rglob("*.py"):
         relative = path.relative_to(ROOT)
@@ -184,4 +298,16 @@ def test_no_shell_true_anywhere() -> None:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if needle.search(line):
                 offenders.append(f"{relative}:{number}: {line.strip()}")
+    return offenders
+
+
+def test_no_shell_true_anywhere() -> None:
+    offenders = _repository_lines(re.compile(r"shell\s*=\s*True|os\.system\(|os\.popen\("))
+    assert not offenders, offenders
+
+
+def test_no_preexec_fn_anywhere() -> None:
+    """Python run between fork and exec in a multithreaded process can deadlock the child; a
+    parent-death signal comes from `setpriv --pdeathsig` (command.with_death_signal)."""
+    offenders = _repository_lines(re.compile(r"preexec_fn\s*="))
     assert not offenders, offenders

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from tensorrtllm_backend.triton.install import (
     find_tritonserver,
 )
 from tensorrtllm_backend.triton.supervisor import ServerState, TritonSupervisor
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,15 +113,6 @@ def kill_all(processes: list[psutil.Process]) -> None:
             process.kill()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
-
-
 def listening_ports(pid: int) -> dict[int, str]:
     """TCP port -> bound address of every listening socket of pid."""
     connections = psutil.Process(pid).net_connections(kind="tcp")
@@ -195,9 +187,15 @@ def test_starts_ready_with_pinned_ports_on_loopback_only(
     assert states[:2] == [ServerState.STARTING, ServerState.READY]
     assert supervisor.ports == pinned_ports
     assert supervisor.grpc_url == f"127.0.0.1:{pinned_ports.grpc}"
-    listening = listening_ports(supervisor.pid)
     ours = {pinned_ports.grpc, pinned_ports.http, pinned_ports.metrics}
-    assert ours <= set(listening), listening
+
+    def all_listening() -> dict[int, str]:
+        # Triton can answer ready before its metrics endpoint listens (seen on a busy host).
+        found = listening_ports(supervisor.pid or 0)
+        return found if ours <= set(found) else {}
+
+    listening = wait_for(all_listening, 30)
+    assert ours <= set(listening), listening_ports(supervisor.pid or 0)
     assert all(is_loopback(ip) for ip in listening.values()), f"not loopback only: {listening}"
 
 

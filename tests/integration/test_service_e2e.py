@@ -17,12 +17,21 @@ import pytest
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
 
-from tests.integration.conftest import counter_change, engine_counters, wait_counters
+from tests.integration.conftest import (
+    counter_change,
+    engine_counters,
+    readyz_status,
+    serves_requests,
+    wait_counters,
+)
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
 PROMPT = "Once upon a time"
 APIS = ("generate", "generate_text")
+LOAD_STREAMS = 64
+LOAD_SECONDS = 5.0
 
 
 def generate_text(server: BentoServer, **fields: object) -> dict:
@@ -222,30 +231,83 @@ def test_client_disconnect_cancels_the_engine_request(synthetic_metrics_server) 
     )
 
 
-def test_service_recovers_when_tritonserver_dies(synthetic_metrics_server) -> None:
+async def test_readyz_stays_200_while_the_service_is_loaded(synthetic_metrics_server) -> None:
+    """64 streams at once keep this 2-core host busy; /readyz, polled every 100 ms meanwhile,
+    answers 200 every time: a loaded, healthy replica stays in rotation."""
+    server, _ = synthetic_metrics_server
+    stopping = asyncio.Event()
+    answered: set[int] = set()  # streams that got their first bytes
+    completed = 0
+
+    async def stream_until_stopped(client: httpx.AsyncClient, index: int) -> None:
+        nonlocal completed
+        # Lengths differ, so that the streams do not all end (and start again) together.
+        body = {"prompt": PROMPT, "max_tokens": 64 + 4 * index, "ignore_eos": True}
+        while not stopping.is_set():
+            async with client.stream("POST", f"{server.url}/generate", json=body) as response:
+                assert response.status_code == 200, await response.aread()
+                async for _ in response.aiter_raw():
+                    answered.add(index)
+            completed += 1
+
+    polls: list[tuple[int, str]] = []  # (status, body)
+    limits = httpx.Limits(max_connections=LOAD_STREAMS)
+    async with (
+        httpx.AsyncClient(timeout=120, limits=limits) as client,
+        httpx.AsyncClient(timeout=30) as prober,  # a connection of its own, as a kubelet's
+    ):
+        streams = [
+            asyncio.ensure_future(stream_until_stopped(client, i)) for i in range(LOAD_STREAMS)
+        ]
+        try:
+            all_answered = await wait_for_async(lambda: len(answered) == LOAD_STREAMS, 120, 0.01)
+            assert all_answered, f"only {len(answered)} of {LOAD_STREAMS} streams got an answer"
+            finished_before = completed
+            loop = asyncio.get_running_loop()
+            until = loop.time() + LOAD_SECONDS
+            while loop.time() < until or len(polls) < 10:
+                response = await prober.get(f"{server.url}/readyz")
+                polls.append((response.status_code, response.text))
+                await asyncio.sleep(0.1)  # the probe's period, not a wait for some state
+        finally:
+            stopping.set()
+            await asyncio.wait_for(asyncio.gather(*streams), 120)
+    assert [p for p in polls if p[0] != 200] == [], f"not 200 under load: {polls}"
+    assert len(polls) >= 10, polls
+    assert completed > finished_before, "no stream completed while polling: no real load"
+
+
+def test_readyz_follows_a_restarted_tritonserver(synthetic_metrics_server) -> None:
     """The supervisor restarts a crashed tritonserver on the same ports; the service's gRPC
-    client reconnects and requests succeed again without restarting BentoML."""
+    client reconnects and requests succeed again without restarting BentoML. /readyz is never
+    200 while a request fails, and is 200 at the latest 1 s after the first request is served
+    again."""
     server, metrics_port = synthetic_metrics_server
     (triton,) = [p for p in server.tritons() if p.name() == "tritonserver"]
     triton.kill()
     triton.wait(10)
 
-    def answers() -> bool:
-        try:
-            response = httpx.post(
-                f"{server.url}/generate_text",
-                json={"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True},
-                timeout=10,
-            )
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
-
+    rounds: list[tuple[float, int, bool]] = []  # (when, /readyz's status, served)
+    served_at = ready_at = None
     deadline = time.monotonic() + 90
-    while not answers() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert answers(), server.log()[-3000:]
-    assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200
+    while time.monotonic() < deadline:
+        status = readyz_status(server.url)
+        now = time.monotonic()
+        if status == 200 and ready_at is None:
+            ready_at = now
+        if served_at is not None:
+            if status == 200 or now - served_at > 5:
+                break
+        else:
+            served = serves_requests(server.url)
+            rounds.append((now, status, served))
+            assert served or status != 200, f"/readyz was 200, and a request then failed: {rounds}"
+            if served:
+                served_at = time.monotonic()
+        time.sleep(0.1)  # the polling period
+    assert served_at is not None, server.log()[-3000:]
+    assert ready_at is not None and ready_at - served_at <= 1.0, (ready_at, served_at, rounds)
+    assert any(status != 200 for _, status, _ in rounds), "the outage was never reported"
     assert server.process.poll() is None
     (restarted,) = [p for p in server.tritons() if p.name() == "tritonserver"]
     assert restarted.pid != triton.pid
@@ -293,7 +355,7 @@ def test_idle_keep_alive_connection_outlives_common_client_expiry(
     request = f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
-        time.sleep(6)
+        time.sleep(6)  # the idle time under test, longer than a 5 s keep-alive
         assert _http_exchange(sock, request).startswith(b"HTTP/1.1 200")
 
 

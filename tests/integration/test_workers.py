@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +15,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tensorrtllm_backend.triton.command import port_free
 from tests.integration.conftest import BentoServer, serves_requests
 
 pytestmark = pytest.mark.integration
@@ -116,3 +120,35 @@ def test_a_worker_takes_over_when_the_owner_dies(two_workers: BentoServer) -> No
     _gone, alive = psutil.wait_procs(tritons, timeout=15)
     assert alive == [], f"left running after SIGTERM: {alive}"
     assert not shared_dir.exists()  # removed by `bentoml serve` as it exits
+
+
+@pytest.mark.parametrize("target", ["group", "arbiter"])
+def test_sigkill_of_bentoml_serve_leaves_nothing_running(
+    two_workers: BentoServer, target: str
+) -> None:
+    """BentoML puts each worker in a session of its own: a SIGKILL of `bentoml serve`, or of
+    its process group, reaches no worker. Each worker follows its dead parent and shuts down as
+    on SIGTERM, its on_shutdown hook stopping tritonserver."""
+    server = two_workers
+    port = int(server.url.rsplit(":", 1)[1])
+    assert len(_workers(server)) == 2
+    started = psutil.Process(server.process.pid).children(recursive=True)
+    names = {process.name() for process in started}
+    assert {"tritonserver", "triton_python_backend_stub"} <= names, names
+    if target == "group":
+        os.killpg(server.process.pid, signal.SIGKILL)
+    else:
+        server.process.kill()
+    server.process.wait(10)
+
+    _gone, alive = psutil.wait_procs(started, timeout=10)
+    for process in alive:  # the fixture can no longer find them under the dead arbiter
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    assert alive == [], f"left running 10 s after SIGKILL of bentoml serve: {alive}"
+    assert port_free(port), f"port {port} still taken"
+    log = server.log()
+    # Both workers ran their on_shutdown hook (it stops tritonserver); none was killed by the
+    # fallback for a shutdown that hangs.
+    assert log.count("Completed async cleanup hook: _stop_triton") == 2, log[-3000:]
+    assert "killing this worker" not in log, log[-3000:]

@@ -81,6 +81,16 @@ def test_a_follower_kills_only_a_tritonserver(tmp_path: Path) -> None:
         other.wait()
 
 
+def test_readiness_of_another_workers_tritonserver_rests_on_the_checks(tmp_path: Path) -> None:
+    """A worker cannot see the process of a tritonserver another worker runs: its readiness
+    counts only checks and answers (any start time will do) until this worker stops."""
+    config = TritonServerConfig(tmp_path, grpc_port=18001, http_port=18002, metrics_port=18003)
+    follower = SharedTriton(config, tmp_path)
+    assert follower.running_since == 0.0
+    follower.stop()
+    assert follower.running_since is None
+
+
 def test_ports_in_time_wait_count_as_free() -> None:
     """A restarted tritonserver listens again on ports whose old connections are in TIME_WAIT
     (it sets SO_REUSEADDR): the check before start must not call them busy."""

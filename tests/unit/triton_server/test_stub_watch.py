@@ -8,13 +8,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tensorrtllm_backend.triton.stub_watch import StubWatch, python_stubs
+from tensorrtllm_backend.triton.stub_watch import STUB_COMM, StubWatch, python_stubs
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -53,13 +53,23 @@ def start(processes: list[subprocess.Popen[bytes]], *command: str) -> subprocess
     return process
 
 
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
 def wait_zombie(pid: int) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{pid} did not die")
+    assert wait_for(lambda: state_of(pid) == "Z", 30, 0.01), f"{pid} did not die"
+
+
+def comm_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[0].partition("(")[2]
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return state_of(pid) == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: list) -> None:
@@ -67,9 +77,12 @@ def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: li
     other = start(processes, "sleep", "60")
     # a grandchild, as under mpirun: bash runs the stub and waits for it
     shell = start(processes, "bash", "-c", f"{stub_binary} 60 & wait")
-    deadline = time.monotonic() + 5
-    while len(found := python_stubs(os.getpid())) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def both() -> dict[int, bool]:
+        found = python_stubs(os.getpid())
+        return found if len(found) >= 2 else {}
+
+    found = wait_for(both, 30, 0.01)
     assert found[stub.pid] is True
     assert other.pid not in found and shell.pid not in found
     assert len(found) == 2
@@ -94,6 +107,31 @@ def test_a_dead_stub_is_reported_once(
     second.wait()  # reaped: gone from /proc
     assert watch.dead() == [f"? (pid {second.pid})"]  # no model argument
     assert watch.dead() == []
+
+
+def test_children_of_a_stub_are_not_stubs(tmp_path: Path, processes: list) -> None:
+    """A model that forks (multiprocessing; a subprocess before its exec) has children named like
+    its stub: their exit is the model's business, not a dead stub. A copy of bash named like the
+    stub runs a subshell, itself a copy of bash with the stub's name, that the test then kills."""
+    binary = tmp_path / "triton_python_backend_stub"
+    shutil.copy(shutil.which("bash") or "/bin/bash", binary)
+    child_pid = tmp_path / "child.pid"
+    script = tmp_path / "model.py"
+    script.write_text(
+        f"(echo $BASHPID > {child_pid}.tmp; mv {child_pid}.tmp {child_pid}; sleep 60; :) &\nsleep 60\n"
+    )
+    stub = start(processes, str(binary), str(script))
+    assert wait_for(child_pid.exists, 30), "the stub did not start its subshell"
+    child = int(child_pid.read_text())
+    assert state_of(child) != "Z" and comm_of(child) == STUB_COMM
+
+    watch = StubWatch(os.getpid(), rescan_every=1)
+    assert sorted(python_stubs(os.getpid())) == [stub.pid]
+    assert watch.dead() == []
+    os.kill(child, signal.SIGKILL)
+    assert wait_for(lambda: gone_or_zombie(child), 30), "the subshell did not die"
+    assert watch.dead() == []
+    assert python_stubs(os.getpid()) == {stub.pid: True}
 
 
 def test_a_stub_dead_before_the_first_look_is_reported(stub_binary: Path, processes: list) -> None:
