@@ -165,6 +165,7 @@ class GenerationChunk:
     token_count: int = 0
     index: int = 0  # which sequence (num_return_sequences > 1)
     stop: str | None = None  # on the last chunk: the stop string the sequence ended at
+    cached_tokens: int = 0  # on the last chunk: prompt tokens found in the KV cache (0: unknown)
 
 
 @dataclass(slots=True)
@@ -189,6 +190,7 @@ class GenerationResult:
 
     prompt_tokens: int
     sequences: list[SequenceResult]
+    cached_tokens: int = 0  # prompt tokens the engine found in its KV cache (0: it cannot tell)
 
     @property
     def completion_tokens(self) -> int:

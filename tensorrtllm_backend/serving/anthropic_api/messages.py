@@ -305,7 +305,7 @@ class MessagesServing:
             pass
         message = self._message(prepared, model, content.blocks)
         message["stop_reason"], message["stop_sequence"] = _stop(last, content.calls)
-        message["usage"]["output_tokens"] = last.completion_tokens
+        message["usage"].update(_usage(prepared, last))
         return message
 
     async def stream(
@@ -339,10 +339,20 @@ class MessagesServing:
                 "message_delta",
                 {
                     "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": {"output_tokens": last.completion_tokens},
+                    "usage": _usage(prepared, last),
                 },
             )
             yield event("message_stop", {})
+
+
+def _usage(prepared: PreparedRequest, last: AnswerStep) -> dict[str, int]:
+    """Anthropic's counts: input_tokens are the prompt tokens not read from the cache."""
+    cached = last.cached_tokens
+    return {
+        "input_tokens": len(prepared.prompt_ids) - cached,
+        "cache_read_input_tokens": cached,
+        "output_tokens": last.completion_tokens,
+    }
 
 
 def _stop(last: AnswerStep, calls: int) -> tuple[str, str | None]:

@@ -112,6 +112,7 @@ class AnswerStep:
     completion_tokens: int  # so far
     finish_reason: FinishReason | None = None  # set on the last step
     stop: str | None = None  # the stop string it ended at (last step)
+    cached_tokens: int = 0  # prompt tokens found in the engine's KV cache (last step)
 
 
 async def answer_steps(
@@ -134,4 +135,6 @@ async def answer_steps(
                 yield AnswerStep(events + reader.feed("", True), tokens, FinishReason.CANCELLED)
                 return
             if events or final:
-                yield AnswerStep(events, tokens, chunk.finish_reason, chunk.stop)
+                yield AnswerStep(
+                    events, tokens, chunk.finish_reason, chunk.stop, chunk.cached_tokens
+                )

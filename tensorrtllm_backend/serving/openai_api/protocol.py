@@ -296,10 +296,15 @@ class ChatCompletionRequest(_SamplingFields):
 # --- responses ------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # found in the engine's KV cache (0 where the engine cannot tell)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionChoice(BaseModel):

@@ -513,14 +513,17 @@ class ResponsesServing:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         if last is not None:
             response["completed_at"] = time.time()
-            response["usage"] = self._usage(run.prepared, last.completion_tokens, reasoning)
+            response["usage"] = self._usage(run.prepared, last, reasoning)
         return response
 
-    def _usage(self, prepared: PreparedRequest, output_tokens: int, reasoning: str) -> dict:
-        prompt_tokens = len(prepared.prompt_ids)
+    def _usage(self, prepared: PreparedRequest, last: AnswerStep, reasoning: str) -> dict:
+        prompt_tokens, output_tokens = len(prepared.prompt_ids), last.completion_tokens
         return {
             "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": last.cached_tokens,
+                "cache_write_tokens": 0,
+            },
             "output_tokens": output_tokens,
             "output_tokens_details": {
                 "reasoning_tokens": min(self.serving.count_tokens(reasoning), output_tokens)

@@ -329,7 +329,7 @@ class OpenAIServing(StreamingServing):
                 )
                 for position, sequence in enumerate(sequences)
             ],
-            usage=self._usage(prepared, result.completion_tokens),
+            usage=self._usage(prepared, result.completion_tokens, result.cached_tokens),
         )
 
     async def chat(
@@ -341,7 +341,7 @@ class OpenAIServing(StreamingServing):
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
             choices=[self._chat_choice(sequence, want, plan) for sequence in result.sequences],
-            usage=self._usage(prepared, result.completion_tokens),
+            usage=self._usage(prepared, result.completion_tokens, result.cached_tokens),
         )
 
     def _chat_choice(

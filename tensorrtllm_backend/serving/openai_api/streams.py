@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from ..generation import Generator, PreparedRequest
 from ..schemas import FinishReason, SequenceResult
 from .answers import ChatPlan
-from .protocol import Usage, UsageReport
+from .protocol import PromptTokensDetails, Usage, UsageReport
 from .tool_stream import ChatDeltas
 
 _json = json.dumps
@@ -53,6 +53,7 @@ class _Event:
     token_ids: list[int]
     log_probs: list[float]
     token_count: int
+    cached_tokens: int = 0  # of the prompt, on a sequence's last event
 
     @classmethod
     def empty(cls, index: int) -> _Event:
@@ -73,12 +74,14 @@ class StreamingServing:
     def _token_strings(self, token_ids: list[int]) -> list[str]:
         return [self.generator.tokenizer.decode([t]) for t in token_ids]
 
-    def _usage(self, prepared: PreparedRequest, completion_tokens: int) -> Usage:
+    def _usage(self, prepared: PreparedRequest, completion_tokens: int, cached: int = 0) -> Usage:
+        """Usage; `cached`: prompt tokens the engine found in its KV cache (0: it cannot tell)."""
         prompt = len(prepared.prompt_ids)
         return Usage(
             prompt_tokens=prompt,
             completion_tokens=completion_tokens,
             total_tokens=prompt + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
     def _sequence_tokens(self, sequence: SequenceResult) -> list[str]:
@@ -114,6 +117,7 @@ class StreamingServing:
                 event.token_count += chunk.token_count
                 if chunk.text or chunk.finish_reason is not None:
                     event.text, event.finish_reason = chunk.text, finish_reason(chunk.finish_reason)
+                    event.cached_tokens = chunk.cached_tokens
                     yield event
                     pending[chunk.index] = _Event.empty(chunk.index)
 
@@ -132,10 +136,11 @@ class StreamingServing:
             out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
             log_probs = self._completion_log_probs
         want = prepared.params.return_log_probs
-        completion_tokens = 0
+        completion_tokens = cached = 0
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
                 completion_tokens += event.token_count
+                cached = max(cached, event.cached_tokens)
                 logprobs = (
                     log_probs(self._token_strings(event.token_ids), event.log_probs)
                     if want and event.token_ids
@@ -143,10 +148,11 @@ class StreamingServing:
                 )
                 for chunk in render(out, event, logprobs):
                     if usage.continuous:
-                        chunk = out.with_usage(chunk, self._usage(prepared, completion_tokens))
+                        so_far = self._usage(prepared, completion_tokens, cached)
+                        chunk = out.with_usage(chunk, so_far)
                     yield chunk
         if usage.final:
-            yield out.usage(self._usage(prepared, completion_tokens))
+            yield out.usage(self._usage(prepared, completion_tokens, cached))
         yield SSE_DONE
 
     def stream_completion(
