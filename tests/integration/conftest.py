@@ -42,6 +42,15 @@ def demo_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def tools_model() -> str:
+    """The demo model with room for prompts that carry tool schemas (its small vocabulary spends
+    a token on every few characters of JSON)."""
+    return pack(
+        "--demo", "--name", "trtllm-demo-tools", "--max-input-len", "1024", "--max-seq-len", "1536"
+    )
+
+
+@pytest.fixture(scope="session")
 def synthetic_model() -> str:
     return pack("--synthetic", "--itl-ms", "2", "--max-input-len", "256", "--max-seq-len", "1024")
 

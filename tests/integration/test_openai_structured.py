@@ -15,7 +15,7 @@ import bentoml
 import jsonschema
 import openai
 import pytest
-from conftest import openai_client, pack  # tests/integration/conftest.py
+from conftest import openai_client  # tests/integration/conftest.py
 from transformers import AutoTokenizer
 
 if TYPE_CHECKING:
@@ -75,15 +75,6 @@ CLOCK = function_tool(
 )
 TOOLS = [WEATHER, CLOCK]
 PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
-
-
-@pytest.fixture(scope="module")
-def tools_model() -> str:
-    """The demo model with room for prompts that carry tool schemas (its small vocabulary spends
-    a token on every few characters of JSON)."""
-    return pack(
-        "--demo", "--name", "trtllm-demo-tools", "--max-input-len", "1024", "--max-seq-len", "1536"
-    )
 
 
 @pytest.fixture(scope="module")

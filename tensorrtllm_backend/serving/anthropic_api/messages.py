@@ -13,20 +13,17 @@ stream of events.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Any
 
-from pydantic import ValidationError
-
 from ...common.engine_api import EngineError
 from ..generation import PreparedRequest
-from ..openai_api.answers import AnswerEvent, AnswerStep, ChatPlan, answer_steps
+from ..openai_api.answers import AnswerParts, AnswerStep, ChatPlan, answer_steps
+from ..openai_api.chat_adapter import ChatAdapter, new_id
+from ..openai_api.chat_adapter import chat_request as to_chat
 from ..openai_api.protocol import ChatCompletionRequest
-from ..openai_api.reasoning import ReasoningDelta
 from ..openai_api.serving import OpenAIError, OpenAIServing
-from ..openai_api.tool_events import ArgumentsDelta, CallStart, ContentDelta
 from ..schemas import FinishReason
 from .protocol import (
     CountTokensRequest,
@@ -41,16 +38,11 @@ from .protocol import (
 
 API_LABEL = "anthropic_messages"
 # Chat fields named in errors, and the Messages field they came from.
-_PARAMS = {
+FIELDS = {
     "response_format": "output_config.format",
     "max_completion_tokens": "max_tokens",
     "stop": "stop_sequences",
-    "tool_choice": "tool_choice",
 }
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 # --- request → chat request ------------------------------------------------------------------
@@ -103,12 +95,12 @@ def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCom
     refused = unsupported(request)
     if refused is not None:
         raise OpenAIError(refused[1], param=refused[0])
-    fields: dict[str, Any] = {
+    values: dict[str, Any] = {
         "model": request.model,
         "messages": chat_messages(request.system_text(), request.messages),
     }
     if request.tools is not None:
-        fields["tools"] = [
+        values["tools"] = [
             {
                 "type": "function",
                 "function": {
@@ -126,10 +118,10 @@ def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCom
                 raise OpenAIError(
                     'tool_choice "tool" needs the name of the tool', param="tool_choice"
                 )
-            fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+            values["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
         else:
-            fields["tool_choice"] = {"any": "required"}.get(choice.type, choice.type)
-        fields["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+            values["tool_choice"] = {"any": "required"}.get(choice.type, choice.type)
+        values["parallel_tool_calls"] = not choice.disable_parallel_tool_use
     if request.thinking is not None:
         thinks = request.thinking.type != "disabled"
         if thinks and serving.reasoning_format is None:
@@ -139,17 +131,17 @@ def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCom
                 param="thinking",
             )
         if serving.reasoning_format is not None:
-            fields["chat_template_kwargs"] = {"enable_thinking": thinks}
+            values["chat_template_kwargs"] = {"enable_thinking": thinks}
     output = request.output_config.format if request.output_config else None
     # A forced call answers with the call alone: there is no text for the format to shape.
-    forced = fields.get("tool_choice") not in (None, "none", "auto")
+    forced = values.get("tool_choice") not in (None, "none", "auto")
     if output is not None and not forced:
-        fields["response_format"] = {
+        values["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": output.json_schema},
         }
     if isinstance(request, MessagesRequest):
-        fields.update(
+        values.update(
             max_completion_tokens=request.max_tokens,
             stop=request.stop_sequences,
             temperature=request.temperature,
@@ -157,117 +149,74 @@ def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCom
             top_k=request.top_k,
             stream=request.stream,
         )
-    try:
-        return ChatCompletionRequest.model_validate(
-            {name: value for name, value in fields.items() if value is not None}
-        )
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        location = [str(part) for part in first.get("loc", ())]
-        param = _PARAMS.get(location[0], location[0]) if location else None
-        raise OpenAIError(f"{'.'.join(location)}: {first.get('msg')}", param=param) from None
+    return to_chat(values, FIELDS)
 
 
 # --- the answer → content blocks and events ---------------------------------------------------
 
 
-class ContentBuilder:
-    """The content blocks of an answer, built from its events, with the stream events that
-    announce them (a block starts, its deltas follow, it stops)."""
+Event = tuple[str, dict[str, Any]]  # (type, payload without the type)
+
+
+class ContentBuilder(AnswerParts[Event]):
+    """Content blocks: `thinking`, `text`, a `tool_use` per call; each announced by Anthropic's
+    stream events (a block starts, its deltas follow, it stops)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.blocks: list[dict[str, Any]] = []
-        self._kind = ""  # thinking | text | tool_use
-        self._arguments: list[str] = []
 
     @property
     def calls(self) -> int:
         return sum(block["type"] == "tool_use" for block in self.blocks)
 
-    def feed(self, events: list[AnswerEvent]) -> Iterator[tuple[str, dict[str, Any]]]:
-        for event in events:
-            if isinstance(event, ReasoningDelta):
-                yield from self._text("thinking", event.text)
-            elif isinstance(event, ContentDelta):
-                yield from self._text("text", event.text)
-            elif isinstance(event, CallStart):
-                yield from self.close()
-                block = {
-                    "type": "tool_use",
-                    "id": _new_id("toolu"),
-                    "name": event.name,
-                    "input": {},
-                }
-                yield from self._start("tool_use", block)
-            else:
-                assert isinstance(event, ArgumentsDelta)
-                self._arguments.append(event.text)
-                delta = {"type": "input_json_delta", "partial_json": event.text}
-                yield "content_block_delta", {"index": len(self.blocks) - 1, "delta": delta}
-
-    def _start(self, kind: str, block: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-        self._kind = kind
+    def opened(self, kind: str, name: str | None) -> Iterator[Event]:
+        if kind == "call":
+            block = {"type": "tool_use", "id": new_id("toolu"), "name": name, "input": {}}
+        elif kind == "thinking":
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+        else:
+            block = {"type": "text", "text": ""}
         self.blocks.append(block)
-        started = {**block, "input": {}} if kind == "tool_use" else dict(block)
-        yield "content_block_start", {"index": len(self.blocks) - 1, "content_block": started}
+        yield "content_block_start", {"index": len(self.blocks) - 1, "content_block": dict(block)}
 
-    def _text(self, kind: str, text: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        if not text:
-            return
-        if self._kind != kind:
-            yield from self.close()
-            block = (
-                {"type": "thinking", "thinking": "", "signature": ""}
-                if kind == "thinking"
-                else {"type": "text", "text": ""}
-            )
-            yield from self._start(kind, block)
-        block = self.blocks[-1]
-        block[kind] += text
-        delta = (
-            {"type": "thinking_delta", "thinking": text}
-            if kind == "thinking"
-            else {"type": "text_delta", "text": text}
-        )
+    def grew(self, kind: str, text: str) -> Iterator[Event]:
+        if kind == "call":
+            delta = {"type": "input_json_delta", "partial_json": text}
+        elif kind == "thinking":
+            delta = {"type": "thinking_delta", "thinking": text}
+        else:
+            delta = {"type": "text_delta", "text": text}
         yield "content_block_delta", {"index": len(self.blocks) - 1, "delta": delta}
 
-    def close(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Stop the block being built (the answer moved on, or ended)."""
-        if not self._kind:
-            return
-        if self._kind == "tool_use":
-            arguments = "".join(self._arguments)
-            self._arguments = []
+    def closed(self, kind: str, text: str) -> Iterator[Event]:
+        block = self.blocks[-1]
+        if kind == "thinking":
+            block["thinking"] = text
+        elif kind == "text":
+            block["text"] = text
+        else:
             try:
-                parsed = json.loads(arguments) if arguments.strip() else {}
+                arguments = json.loads(text) if text.strip() else {}
             except ValueError:
-                parsed = None
+                arguments = None
             # A call whose arguments are not a JSON object cannot be a tool_use block: it is
             # the text the model wrote.
-            if isinstance(parsed, dict):
-                self.blocks[-1]["input"] = parsed
+            if isinstance(arguments, dict):
+                block["input"] = arguments
             else:
-                self.blocks[-1] = {"type": "text", "text": arguments}
-        self._kind = ""
+                self.blocks[-1] = {"type": "text", "text": text}
         yield "content_block_stop", {"index": len(self.blocks) - 1}
 
 
-class MessagesServing:
+class MessagesServing(ChatAdapter):
     """`/v1/messages` and `/v1/messages/count_tokens`."""
 
-    def __init__(self, serving: OpenAIServing) -> None:
-        self.serving = serving
+    api = API_LABEL
+    fields = FIELDS
 
     async def prepare(self, request: MessagesRequest) -> tuple[PreparedRequest, ChatPlan]:
-        try:
-            return await self.serving.prepare_chat(
-                chat_request(request, self.serving), api=API_LABEL
-            )
-        except OpenAIError as error:
-            if error.param is not None:
-                head, dot, rest = error.param.partition(".")
-                error.param = _PARAMS.get(head, head) + dot + rest
-            raise
+        return await self.prepare_chat(chat_request(request, self.serving))
 
     def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
         chat = chat_request(request, self.serving)
@@ -318,31 +267,24 @@ class MessagesServing:
             return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n"
 
         content = ContentBuilder()
-        async with aclosing(answer_steps(self.serving.generator, prepared, plan)) as steps:
-            step = await anext(steps, None)
-            yield event("message_start", {"message": self._message(prepared, model, [])})
-            yield event("ping", {})
-            last = AnswerStep([], 0)
-            try:
-                while step is not None:
-                    for kind, payload in content.feed(step.events):
-                        yield event(kind, payload)
-                    last, step = step, await anext(steps, None)
-            except EngineError as error:
-                # The status was sent: the failure is the stream's last event.
-                yield event("error", {"error": {"type": "api_error", "message": str(error)}})
-                return
-            for kind, payload in content.close():
-                yield event(kind, payload)
+
+        def started() -> list[Event]:
+            return [("message_start", {"message": self._message(prepared, model, [])}),
+                    ("ping", {})]  # fmt: skip
+
+        def ended(last: AnswerStep) -> Iterator[Event]:
+            yield from content.close()
             stop_reason, stop_sequence = _stop(last, content.calls)
-            yield event(
-                "message_delta",
-                {
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": _usage(prepared, last),
-                },
-            )
-            yield event("message_stop", {})
+            delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+            yield "message_delta", {"delta": delta, "usage": _usage(prepared, last)}
+            yield "message_stop", {}
+
+        def failed(error: EngineError) -> list[Event]:
+            return [("error", {"error": {"type": "api_error", "message": str(error)}})]
+
+        steps = answer_steps(self.serving.generator, prepared, plan)
+        async for kind, payload in content.stream(steps, started, ended, failed):
+            yield event(kind, payload)
 
 
 def _usage(prepared: PreparedRequest, last: AnswerStep) -> dict[str, int]:

@@ -7,14 +7,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..metrics import generation_metrics
 from ..openai_api.routes import (
-    Endpoint,
     ServingProvider,
-    _as_openai_error,
     _parse,
     _streaming_response,
     current_serving,
+    openai_endpoint,
 )
 from ..openai_api.serving import OpenAIError
 from .messages import API_LABEL, MessagesServing
@@ -40,19 +38,6 @@ def anthropic_error(error: OpenAIError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=headers)
 
 
-def anthropic_endpoint(body: Endpoint, api: str | None = None) -> Endpoint:
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await body(request)
-        except Exception as error:
-            failure = _as_openai_error(error)
-            if api is not None and 400 <= failure.status < 500:
-                generation_metrics().record_rejected(api, "invalid_request")
-            return anthropic_error(failure)
-
-    return endpoint
-
-
 def messages_routes(get_serving: ServingProvider) -> list[Route]:
     """The routes, relative to `/v1`."""
 
@@ -75,6 +60,10 @@ def messages_routes(get_serving: ServingProvider) -> list[Route]:
         return JSONResponse(current().count_tokens(parsed))
 
     return [
-        Route("/messages", anthropic_endpoint(create, API_LABEL), methods=["POST"]),
-        Route("/messages/count_tokens", anthropic_endpoint(count_tokens), methods=["POST"]),
+        Route("/messages", openai_endpoint(create, API_LABEL, anthropic_error), methods=["POST"]),
+        Route(
+            "/messages/count_tokens",
+            openai_endpoint(count_tokens, render=anthropic_error),
+            methods=["POST"],
+        ),
     ]

@@ -9,10 +9,12 @@ inside the thinking is not a call. A whole answer is the same reader fed the who
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
+from ...common.engine_api import EngineError
 from ..generation import Generator, PreparedRequest
 from ..schemas import FinishReason
 from .protocol import ToolCall
@@ -21,6 +23,7 @@ from .tool_events import ArgumentsDelta, CallStart, ContentDelta
 from .tools import CallExtractor, ToolPlan, assemble
 
 AnswerEvent = ReasoningDelta | ContentDelta | CallStart | ArgumentsDelta
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,84 @@ class AnswerReader:
             events += self._calls.finish()
         self.calls += sum(isinstance(event, CallStart) for event in events)
         return events
+
+
+class AnswerParts(Generic[T]):
+    """An answer's parts as its events arrive: its thinking, its text and each tool call. A part
+    opens, grows and closes; a subclass renders each of these as its API's events (T), and
+    builds the API's answer object from them."""
+
+    def __init__(self) -> None:
+        self.part = ""  # the open part: thinking | text | call ("" when none)
+        self.text: list[str] = []  # the open part's text (a call's: its arguments)
+
+    def feed(self, events: list[AnswerEvent]) -> Iterator[T]:
+        for event in events:
+            if isinstance(event, CallStart):
+                yield from self.close()
+                yield from self._open("call", event.name)
+            elif isinstance(event, ArgumentsDelta):
+                self.text.append(event.text)
+                yield from self.grew("call", event.text)
+            elif event.text:
+                kind = "thinking" if isinstance(event, ReasoningDelta) else "text"
+                if self.part != kind:
+                    yield from self.close()
+                    yield from self._open(kind, None)
+                self.text.append(event.text)
+                yield from self.grew(kind, event.text)
+
+    def _open(self, kind: str, name: str | None) -> Iterator[T]:
+        self.part, self.text = kind, []
+        yield from self.opened(kind, name)
+
+    def close(self) -> Iterator[T]:
+        """Close the open part (the answer moved on, or ended)."""
+        if not self.part:
+            return
+        kind, text = self.part, "".join(self.text)
+        self.part, self.text = "", []
+        yield from self.closed(kind, text)
+
+    async def stream(
+        self,
+        steps: AsyncIterator[AnswerStep],
+        started: Callable[[], Iterable[T]],
+        ended: Callable[[AnswerStep], Iterable[T]],
+        failed: Callable[[EngineError], Iterable[T]],
+    ) -> AsyncIterator[T]:
+        """An answer's stream of events: `started` once the engine answered first (so a request
+        that fails before it still gets an error status), the parts' events as the steps come,
+        then `ended` with the last step; an engine failure after the start (the status was sent)
+        ends the stream with `failed`."""
+        async with aclosing(steps) as each:
+            step = await anext(each, None)
+            for event in started():
+                yield event
+            last = AnswerStep([], 0)
+            try:
+                while step is not None:
+                    for event in self.feed(step.events):
+                        yield event
+                    last, step = step, await anext(each, None)
+            except EngineError as error:
+                for event in failed(error):
+                    yield event
+                return
+            for event in ended(last):
+                yield event
+
+    def opened(self, kind: str, name: str | None) -> Iterator[T]:
+        """A part begins (`name`: a call's function)."""
+        raise NotImplementedError
+
+    def grew(self, kind: str, text: str) -> Iterator[T]:
+        """The open part got more text."""
+        raise NotImplementedError
+
+    def closed(self, kind: str, text: str) -> Iterator[T]:
+        """The part ended with this whole text."""
+        raise NotImplementedError
 
 
 @dataclass

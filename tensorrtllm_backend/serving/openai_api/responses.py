@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -26,10 +25,12 @@ from pydantic import ValidationError
 from ...common.engine_api import EngineError
 from ..generation import PreparedRequest
 from ..schemas import FinishReason
-from .answers import AnswerEvent, AnswerStep, ChatPlan, answer_steps
+from .answers import AnswerStep, ChatPlan, answer_steps
+from .chat_adapter import ChatAdapter, new_id
+from .chat_adapter import chat_request as to_chat
 from .protocol import ChatCompletionRequest
-from .reasoning import ReasoningDelta
 from .response_store import ResponseStore, StoredResponse
+from .responses_output import Event, OutputBuilder
 from .responses_protocol import (
     HOSTED_TOOLS,
     ITEM_TYPES,
@@ -42,21 +43,15 @@ from .responses_protocol import (
     ResponsesRequest,
 )
 from .serving import OpenAIError, OpenAIServing
-from .tool_events import ArgumentsDelta, CallStart, ContentDelta
-from .tools import new_call_id
 
 API_LABEL = "openai_responses"
 # Chat fields named in errors, and the Responses field they came from.
-_PARAMS = {
+FIELDS = {
     "messages": "input",
     "response_format": "text.format",
     "max_tokens": "max_output_tokens",
     "max_completion_tokens": "max_output_tokens",
 }
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 # --- request → chat request ------------------------------------------------------------------
@@ -91,7 +86,7 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
 def _stored_item(item: InputItem) -> dict[str, Any]:
     """An input item as stored: with an id, as OpenAI lists input items."""
     prefix = {"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(item.type, "fco")
-    return {**item.model_dump(exclude_none=True, by_alias=True), "id": item.id or _new_id(prefix)}
+    return {**item.model_dump(exclude_none=True, by_alias=True), "id": item.id or new_id(prefix)}
 
 
 def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
@@ -170,7 +165,7 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
 
 def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatCompletionRequest:
     """The chat request a Responses request is served as."""
-    fields: dict[str, Any] = {
+    values: dict[str, Any] = {
         "model": request.model,
         "messages": chat_messages(request.instructions, items),
         "stream": request.stream,
@@ -187,11 +182,11 @@ def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatCompl
         "chat_template_kwargs": request.chat_template_kwargs,
     }
     if request.parallel_tool_calls is not None:
-        fields["parallel_tool_calls"] = request.parallel_tool_calls
+        values["parallel_tool_calls"] = request.parallel_tool_calls
     text_format = request.text.format if request.text else None
     # A forced call answers with the call alone: there is no text for the format to shape (the
     # Agents SDK sends both when an agent with an output type must call a tool first).
-    forced = fields["tool_choice"] not in (None, "none", "auto")
+    forced = values["tool_choice"] not in (None, "none", "auto")
     if text_format is not None and text_format.type != "text" and not forced:
         spec = {"type": text_format.type}
         if text_format.type == "json_schema":
@@ -200,131 +195,8 @@ def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatCompl
                 "schema": text_format.json_schema,
                 "strict": text_format.strict,
             }
-        fields["response_format"] = spec
-    try:
-        return ChatCompletionRequest.model_validate(
-            {name: value for name, value in fields.items() if value is not None}
-        )
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        location = [str(part) for part in first.get("loc", ())]
-        param = _PARAMS.get(location[0], location[0]) if location else None
-        raise OpenAIError(f"{'.'.join(location)}: {first.get('msg')}", param=param) from None
-
-
-# --- the answer → output items and events -------------------------------------------------------
-
-
-@dataclass
-class _Item:
-    """An output item being built: its JSON, and its text so far."""
-
-    body: dict[str, Any]
-    text: list[str] = field(default_factory=list)
-
-
-class OutputBuilder:
-    """The output items of an answer, built from its events, with the stream events that
-    announce them (OpenAI's order: an item is added, its parts and deltas follow, it is done)."""
-
-    def __init__(self, items: list[dict[str, Any]] | None = None) -> None:
-        self.items: list[dict[str, Any]] = items if items is not None else []
-        self._open: _Item | None = None
-        self._kind = ""  # reasoning | message | function_call
-
-    def feed(self, events: list[AnswerEvent]) -> Iterator[tuple[str, dict[str, Any]]]:
-        for event in events:
-            if isinstance(event, ReasoningDelta):
-                yield from self._text("reasoning", event.text)
-            elif isinstance(event, ContentDelta):
-                yield from self._text("message", event.text)
-            elif isinstance(event, CallStart):
-                yield from self.close()
-                body = {
-                    "type": "function_call", "id": _new_id("fc"), "call_id": new_call_id(),
-                    "name": event.name, "arguments": "", "status": "in_progress",
-                }  # fmt: skip
-                yield from self._add("function_call", body)
-            else:
-                assert isinstance(event, ArgumentsDelta) and self._open is not None
-                self._open.text.append(event.text)
-                yield (
-                    "response.function_call_arguments.delta",
-                    {**self._where(), "delta": event.text},
-                )
-
-    def _where(self) -> dict[str, Any]:
-        assert self._open is not None
-        return {"item_id": self._open.body["id"], "output_index": len(self.items) - 1}
-
-    def _add(self, kind: str, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-        self._open, self._kind = _Item(body), kind
-        self.items.append(body)
-        yield "response.output_item.added", {"output_index": len(self.items) - 1, "item": body}
-
-    def _text(self, kind: str, text: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        if not text:
-            return
-        if self._kind != kind:
-            yield from self.close()
-            if kind == "reasoning":
-                body = {
-                    "type": "reasoning", "id": _new_id("rs"), "summary": [], "content": [],
-                    "status": "in_progress",
-                }  # fmt: skip
-                part = {"type": "reasoning_text", "text": ""}
-            else:
-                body = {
-                    "type": "message", "id": _new_id("msg"), "role": "assistant",
-                    "status": "in_progress", "content": [],
-                }  # fmt: skip
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield from self._add(kind, body)
-            yield "response.content_part.added", {**self._where(), "content_index": 0, "part": part}
-        assert self._open is not None
-        self._open.text.append(text)
-        delta = {**self._where(), "content_index": 0, "delta": text}
-        if kind == "reasoning":
-            yield "response.reasoning_text.delta", delta
-        else:
-            yield "response.output_text.delta", {**delta, "logprobs": []}
-
-    def close(self, status: str = "completed") -> Iterator[tuple[str, dict[str, Any]]]:
-        """Finish the item being built (the answer moved on, or ended)."""
-        item, kind = self._open, self._kind
-        if item is None:
-            return
-        self._open, self._kind = None, ""
-        where = {"item_id": item.body["id"], "output_index": len(self.items) - 1}
-        text = "".join(item.text)
-        if kind == "function_call":
-            item.body["arguments"] = text
-            yield "response.function_call_arguments.done", {**where, "arguments": text}
-        elif kind == "reasoning":
-            part = {"type": "reasoning_text", "text": text}
-            item.body["content"] = [part]
-            yield "response.reasoning_text.done", {**where, "content_index": 0, "text": text}
-            yield "response.content_part.done", {**where, "content_index": 0, "part": part}
-        else:
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            item.body["content"] = [part]
-            yield "response.output_text.done", {
-                **where, "content_index": 0, "text": text, "logprobs": []
-            }  # fmt: skip
-            yield "response.content_part.done", {**where, "content_index": 0, "part": part}
-        item.body["status"] = status
-        yield (
-            "response.output_item.done",
-            {"output_index": where["output_index"], "item": item.body},
-        )
-
-    def reasoning_text(self) -> str:
-        return "".join(
-            part["text"]
-            for item in self.items
-            if item["type"] == "reasoning"
-            for part in item["content"]
-        )
+        values["response_format"] = spec
+    return to_chat(values, FIELDS)
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -338,18 +210,21 @@ class ResponseRun:
     prepared: PreparedRequest
     plan: ChatPlan
     input_items: list[dict[str, Any]]
-    id: str = field(default_factory=lambda: _new_id("resp"))
+    id: str = field(default_factory=lambda: new_id("resp"))
     created_at: float = field(default_factory=time.time)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     output: list[dict[str, Any]] = field(default_factory=list)  # the items so far
     stored_final: bool = False
 
 
-class ResponsesServing:
+class ResponsesServing(ChatAdapter):
     """`/v1/responses`: create (whole or streamed), retrieve, delete, cancel."""
 
+    api = API_LABEL
+    fields = FIELDS
+
     def __init__(self, serving: OpenAIServing, store: ResponseStore) -> None:
-        self.serving = serving
+        super().__init__(serving)
         self.store = store
 
     async def prepare(self, request: ResponsesRequest) -> ResponseRun:
@@ -364,14 +239,7 @@ class ResponsesServing:
                 raise self._not_found(request.previous_response_id, "previous_response_id")
             history = found
         items = parse_items(history, "previous_response_id") + new_items
-        chat = chat_request(request, items)
-        try:
-            prepared, plan = await self.serving.prepare_chat(chat, api=API_LABEL)
-        except OpenAIError as error:
-            if error.param is not None:
-                head, dot, rest = error.param.partition(".")
-                error.param = _PARAMS.get(head, head) + dot + rest
-            raise
+        prepared, plan = await self.prepare_chat(chat_request(request, items))
         dumped = [_stored_item(item) for item in new_items]
         run = ResponseRun(request, prepared, plan, dumped)
         if request.store and self.store.enabled:
@@ -423,7 +291,7 @@ class ResponsesServing:
             async for last in steps:
                 for _ in output.feed(last.events):
                     pass
-        for _ in output.close(_item_status(last.finish_reason)):
+        for _ in output.finish(_item_status(last.finish_reason)):
             pass
         return self._finish(run, output, last)
 
@@ -445,28 +313,25 @@ class ResponsesServing:
             return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
 
         output = OutputBuilder(run.output)
-        async with aclosing(self._steps(run)) as steps:
-            step = await anext(steps, None)
-            started = self.response(run, "in_progress", [])
-            yield event("response.created", {"response": started})
-            yield event("response.in_progress", {"response": started})
-            last = AnswerStep([], 0)
-            try:
-                while step is not None:
-                    for kind, payload in output.feed(step.events):
-                        yield event(kind, payload)
-                    last, step = step, await anext(steps, None)
-            except EngineError as error:
-                # The status was sent: the failure is the stream's last events.
-                failed = self.response(run, "failed", output.items)
-                failed["error"] = {"code": "server_error", "message": str(error)}
-                yield event("error", {"code": "server_error", "message": str(error), "param": None})
-                yield event("response.failed", {"response": failed})
-                return
-            for kind, payload in output.close(_item_status(last.finish_reason)):
-                yield event(kind, payload)
+
+        def started() -> list[Event]:
+            snapshot = self.response(run, "in_progress", [])
+            return [("response.created", {"response": snapshot}),
+                    ("response.in_progress", {"response": snapshot})]  # fmt: skip
+
+        def ended(last: AnswerStep) -> Iterator[Event]:
+            yield from output.finish(_item_status(last.finish_reason))
             response = self._finish(run, output, last)
-            yield event(_FINAL_EVENTS[response["status"]], {"response": response})
+            yield _FINAL_EVENTS[response["status"]], {"response": response}
+
+        def failed(error: EngineError) -> list[Event]:
+            response = self.response(run, "failed", output.items)
+            response["error"] = {"code": "server_error", "message": str(error)}
+            return [("error", {"code": "server_error", "message": str(error), "param": None}),
+                    ("response.failed", {"response": response})]  # fmt: skip
+
+        async for kind, payload in output.stream(self._steps(run), started, ended, failed):
+            yield event(kind, payload)
 
     def response(
         self,

@@ -98,9 +98,13 @@ def current_serving(get_serving: ServingProvider) -> OpenAIServing:
     return current
 
 
-def openai_endpoint(body: Endpoint, api: str | None = None) -> Endpoint:
-    """An endpoint whose errors are OpenAI error objects; `api`: the metrics label its rejected
-    requests are counted under (generation APIs only)."""
+def openai_endpoint(
+    body: Endpoint,
+    api: str | None = None,
+    render: Callable[[OpenAIError], Response] = error_response,
+) -> Endpoint:
+    """An endpoint whose errors are answered by `render` (OpenAI error objects by default);
+    `api`: the metrics label its rejected requests are counted under (generation APIs only)."""
 
     async def endpoint(request: Request) -> Response:
         try:
@@ -109,7 +113,7 @@ def openai_endpoint(body: Endpoint, api: str | None = None) -> Endpoint:
             failure = _as_openai_error(error)
             if api is not None and 400 <= failure.status < 500:
                 generation_metrics().record_rejected(api, "invalid_request")
-            return error_response(failure)
+            return render(failure)
 
     return endpoint
 

@@ -11,13 +11,13 @@ import pytest
 
 from tensorrtllm_backend.serving.openai_api.reasoning import ReasoningDelta
 from tensorrtllm_backend.serving.openai_api.responses import (
-    OutputBuilder,
     chat_messages,
     chat_request,
     chat_tool_choice,
     chat_tools,
     parse_items,
 )
+from tensorrtllm_backend.serving.openai_api.responses_output import OutputBuilder
 from tensorrtllm_backend.serving.openai_api.responses_protocol import ResponsesRequest
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIError
 from tensorrtllm_backend.serving.openai_api.tool_events import (
@@ -150,7 +150,7 @@ def test_answer_events_become_items_and_events_in_openais_order() -> None:
         ArgumentsDelta(0, "1}"),
         CallStart(1, "g"),
     ]
-    stream = list(output.feed(events)) + list(output.close())
+    stream = list(output.feed(events)) + list(output.finish("completed"))
     kinds = [kind for kind, _ in stream]
     assert kinds == [
         "response.output_item.added",
