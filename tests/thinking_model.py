@@ -45,7 +45,8 @@ def _template() -> str:
     return CHAT_TEMPLATE[: -len(plain_end)] + THINK_TEMPLATE_END
 
 
-def _tokenizer() -> Any:
+def thinking_tokenizer() -> Any:
+    """The demo tokenizer with the think tokens and the thinking template."""
     from transformers import PreTrainedTokenizerFast
 
     from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
@@ -95,7 +96,7 @@ def build_thinking_checkpoint(out_dir: Path) -> Path:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer()
+    tokenizer = thinking_tokenizer()
     following = successors(_chains(tokenizer))
     written = sorted(set(following) | set(following.values()))
     hidden = 128

@@ -12,7 +12,9 @@ from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
 from tensorrtllm_backend.common.guides import GuideError
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.openai_api.answers import ChatPlan, ReasoningPlan, read_answer
+from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.openai_api.reasoning import (
     REASONING_FORMATS,
     Opening,
@@ -21,10 +23,13 @@ from tensorrtllm_backend.serving.openai_api.reasoning import (
     reasoning_format,
 )
 from tensorrtllm_backend.serving.openai_api.reasoning_guides import guide_after_reasoning
+from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
 from tensorrtllm_backend.serving.openai_api.tool_stream import ChatDeltas
 from tensorrtllm_backend.serving.openai_api.tools import ToolPlan
 from tensorrtllm_backend.serving.schemas import GuidedDecoding
+from tensorrtllm_backend.triton.client import TritonLLMClient
+from tests.thinking_model import MESSAGES, thinking_tokenizer
 
 R1 = REASONING_FORMATS["deepseek_r1"]
 QWEN3 = REASONING_FORMATS["qwen3"]
@@ -161,3 +166,31 @@ def test_a_guide_that_does_not_compile_is_a_guide_error() -> None:
     with pytest.raises(GuideError, match="does not compile"):
         bad = GuidedDecoding(type="ebnf_grammar", guide="root ::= undefined_rule")
         guide_after_reasoning(bad, QWEN3, Opening.REASONING)
+
+
+async def test_the_guide_tensors_carry_the_composed_grammar() -> None:
+    """What TensorRT-LLM receives: a chat request with a schema, prepared for a model whose
+    template opens a think block, sends the composed EBNF in the contract's guide tensors."""
+    client = TritonLLMClient("127.0.0.1:1")  # never called: preparing talks to no server
+    serving = OpenAIServing(Generator(client, thinking_tokenizer(), EngineLimits(512, 1024)), "m")
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": MESSAGES,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "ok", "schema": OK_SCHEMA},
+            },
+        }
+    )
+    prepared, plan = await serving.prepare_chat(request)
+    assert plan.reasoning is not None and plan.reasoning.opening is Opening.REASONING
+    tensors, _ = serving.generator._triton_inputs(prepared, False)
+    assert tensors["guided_decoding_guide_type"].item() == b"ebnf_grammar"
+    guide = GuidedDecoding(
+        type="ebnf_grammar", guide=tensors["guided_decoding_guide"].item().decode()
+    )
+    assert accepts(guide, 'Let me {think]</think>{"ok": true}') and not accepts(
+        guide, '{"ok": true}'
+    )
+    await client.close()
