@@ -4,9 +4,10 @@
 Each entry keeps the response as answered plus the conversation items it added (its input and its
 output) and the id of the response it followed; a conversation is rebuilt by walking those links,
 so a chain of N responses is stored once, not N times. Two limits bound the memory
-(TRTLLM_RESPONSES_STORE_BYTES, TRTLLM_RESPONSES_STORE_TTL_S): the least recently used responses
-leave once their total size (their JSON) passes the byte budget, and every response leaves when
-it is older than the age limit. A budget of 0 stores nothing. The store lives in one worker's
+(TRTLLM_RESPONSES_STORE_BYTES, TRTLLM_RESPONSES_STORE_TTL_S): the oldest responses leave once
+the total size (their JSON) passes the byte budget, and every response leaves when it is older
+than the age limit; both cost O(1) per request, the entries being kept in the order they were
+stored. A budget of 0 stores nothing. The store lives in one worker's
 memory: with several workers (TRTLLM_WORKERS) a response is found only on the worker that made it.
 """
 
@@ -37,7 +38,7 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """Responses by id, least recently used first out, none older than `ttl_s`."""
+    """Responses by id, oldest first out, none older than `ttl_s`."""
 
     def __init__(
         self,
@@ -82,10 +83,7 @@ class ResponseStore:
 
     def get(self, response_id: str) -> StoredResponse | None:
         self._expire()
-        entry = self._entries.get(response_id)
-        if entry is not None:
-            self._entries.move_to_end(response_id)
-        return entry
+        return self._entries.get(response_id)
 
     def delete(self, response_id: str) -> bool:
         entry = self._entries.pop(response_id, None)
@@ -113,6 +111,8 @@ class ResponseStore:
         if self.ttl_s <= 0:
             return
         horizon = self._clock() - self.ttl_s
-        # Insertion order is not age order (reads move entries to the end): check them all.
-        for response_id in [k for k, e in self._entries.items() if e.created < horizon]:
+        while self._entries:
+            response_id, oldest = next(iter(self._entries.items()))
+            if oldest.created >= horizon:
+                return
             self.delete(response_id)

@@ -1,5 +1,5 @@
-"""The Responses API's store: bounded by bytes (least recently used out first) and by age, and
-conversations rebuilt by walking previous_response_id links."""
+"""The Responses API's store: bounded by bytes (oldest out first) and by age, and conversations
+rebuilt by walking previous_response_id links."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ def size(stored: StoredResponse) -> int:
     return len(json.dumps([stored.response, stored.items], separators=(",", ":")))
 
 
-def test_the_least_recently_used_leave_first_within_the_byte_budget() -> None:
+def test_the_oldest_leave_first_within_the_byte_budget() -> None:
     one = size(entry("a"))
     store = ResponseStore(max_bytes=3 * one, ttl_s=0)
     for name in "abc":
         store.put(name, entry(name))
-    assert store.get("a") is not None  # a is now the most recently used
+    store.put("b", entry("b"))  # stored again: now the newest
     store.put("d", entry("d"))
-    assert [name for name in "abcd" if store.get(name) is not None] == ["a", "c", "d"]
+    assert [name for name in "abcd" if store.get(name) is not None] == ["b", "c", "d"]
     assert len(store) == 3
 
 
