@@ -268,7 +268,7 @@ class StopStringMatcher:
         self._stops = sorted({s for s in stop_strings if s}, key=len)
         self._held = ""
         self.stopped = False
-        self.matched: str | None = None  # the stop string the text was cut at
+        self.matched: str | None = None  # the stop string that cut the text
 
     @property
     def active(self) -> bool:
@@ -287,7 +287,8 @@ class StopStringMatcher:
         for stop in self._stops:
             index = buffer.find(stop)
             if index != -1 and (cut == -1 or index < cut):
-                cut, self.matched = index, stop
+                cut = index
+                self.matched = stop
         if cut != -1:
             self._held = ""
             self.stopped = True

@@ -66,11 +66,11 @@ class EngineRoute:
     """One way through Triton; subclasses build its tensors and decode its responses."""
 
     route: Route
+    # A TensorRT-LLM engine's KV-cache block size, where it is known (set by the Generator).
+    tokens_per_block: int | None = None
     model_name: str
     # Why this route returns one sequence per request (None: it returns several).
     single_sequence: str | None = None
-    # A TensorRT-LLM engine's KV-cache block size, where it is known (set by the Generator).
-    tokens_per_block: int | None = None
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
