@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.serving.api_surface import root_app, v1_routes
+from tensorrtllm_backend.serving.apis import NATIVE_LABEL
 from tensorrtllm_backend.serving.deployment import (
     end_serving,
     freeze_startup_heap,
@@ -44,7 +45,7 @@ from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.serving.parent_watch import follow_parent
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
+from tensorrtllm_backend.serving.runtime import LLMRuntime
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
 from tensorrtllm_backend.settings import load_settings
@@ -73,7 +74,7 @@ def _current_openai() -> OpenAIServing | None:
     return service.openai if service is not None else None
 
 
-openai_app = build_openai_app(_current_openai, v1_routes(_current_openai))
+openai_app = build_openai_app(_current_openai, v1_routes)
 
 
 @bentoml.asgi_app(openai_app, path="/v1")
@@ -88,7 +89,7 @@ class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
 
     def __init__(self) -> None:
-        self.runtime = LLMRuntime(Path(self.model.path), RuntimeSettings.from_env())
+        self.runtime = LLMRuntime(Path(self.model.path), load_settings())
         self.openai: OpenAIServing | None = None  # set once Triton is up
 
     @bentoml.on_startup
@@ -120,25 +121,26 @@ class TRTLLM:
         # BentoML answers False with a fixed text; this 503 says why (failed, restarting...).
         raise HTTPException(503, detail=reason)
 
-    def _prepare(self, fields: dict[str, Any]) -> PreparedRequest:
+    async def _admit(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)
         params = SamplingParams(**request.model_dump(exclude={"prompt", "lora"}))
-        return self.runtime.generator.prepare(request.prompt, params, lora=request.lora)
+        return await self.runtime.generator.admit(
+            request.prompt, params, api=NATIVE_LABEL, lora=request.lora
+        )
 
     @bentoml.api(input_spec=GenerateRequest)
     async def generate(self, **fields: Any) -> AsyncGenerator[str, None]:
         """Stream the completion of `prompt` as text chunks."""
         try:
-            prepared = self._prepare(fields)
-            await self.runtime.generator.check_guide(prepared)
+            prepared = await self._admit(fields)
             if prepared.params.num_return_sequences > 1:
                 raise RequestError(
                     "generate streams one sequence as plain text: ask for several with "
                     "generate_text, or with n on /v1/completions or /v1/chat/completions",
                     param="num_return_sequences",
                 )
-        except RequestError as error:
-            raise as_api_error(error) from None
+        except Exception as error:
+            raise as_api_error(error, "/generate") from None
         first = True
         try:
             interval = self.runtime.settings.stream_interval
@@ -153,7 +155,7 @@ class TRTLLM:
                 # BentoML ends a stream normally on an Exception; this one aborts the
                 # connection, so the client sees an incomplete response, not a short answer.
                 raise StreamAborted(str(error)) from error
-            raise as_api_error(error) from None
+            raise as_api_error(error, "/generate", prepared.request_id) from None
 
     async def _texts(self, prepared: PreparedRequest) -> AsyncIterator[str]:
         async with aclosing(self.runtime.generator.stream(prepared)) as chunks:
@@ -165,11 +167,10 @@ class TRTLLM:
     async def generate_text(self, **fields: Any) -> GenerateResponse:
         """The whole completion of `prompt` at once, with token counts and finish reason."""
         try:
-            prepared = self._prepare(fields)
-            await self.runtime.generator.check_guide(prepared)
+            prepared = await self._admit(fields)
             result = await self.runtime.generator.collect(prepared)
         except Exception as error:
-            response: JSONResponse = error_response(error)
+            response: JSONResponse = error_response(error, "/generate_text")
             return response  # type: ignore[return-value]
         # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
         body = result.to_response().model_dump(mode="json", exclude_none=True)

@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     max_in_flight: PositiveInt = 1024
     max_request_bytes: PositiveInt = 4 * 1024 * 1024
+    guide_compile_timeout_s: PositiveFloat = 10.0
     http_keepalive_s: PositiveInt = 75
     concurrency: PositiveInt | None = None
     external_queue: bool = False

@@ -33,6 +33,16 @@ class EngineModelError(EngineError):
     """A model in the inference server answered the request with an error (HTTP 502)."""
 
 
+class EngineRequestError(EngineError):
+    """The inference server refused the request as invalid (gRPC INVALID_ARGUMENT or
+    OUT_OF_RANGE): the client's request, as the service passed it on, is what to change
+    (HTTP 400)."""
+
+
+class EngineTimeoutError(EngineError):
+    """The inference server did not answer within the call's deadline (HTTP 504)."""
+
+
 class EngineInstanceDeadError(EngineUnavailableError):
     """A Python model's stub process died (killed, out of memory, crashed) or stopped answering
     Triton's health checks. Triton 2.51 then fails every later request to that model instance

@@ -64,8 +64,17 @@ class LoraAdapter:
     path: Path
     task_id: int
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the adapter's files: what :meth:`tensors` reads (0 if they are gone)."""
+        try:
+            return sum((self.path / name).stat().st_size for name in (WEIGHTS_FILE, CONFIG_FILE))
+        except OSError:
+            return 0
+
     def tensors(self) -> tuple[np.ndarray, np.ndarray]:
-        """(lora_weights [1, N, D] float16, lora_config [1, N, 3] int32) as the backend wants."""
+        """(lora_weights [1, N, D] float16, lora_config [1, N, 3] int32) as the backend wants.
+        Reads the files (megabytes): the service calls it off the event loop."""
         weights = np.load(self.path / WEIGHTS_FILE)
         config = np.load(self.path / CONFIG_FILE)
         return (

@@ -19,6 +19,7 @@ import bentoml
 from ..common.model_store import FORMAT
 from ..settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
 from ..triton.command import find_free_port
+from .apis import streaming_paths
 from .parent_watch import is_bentoml_serve
 
 DEFAULT_MODEL = "trtllm-demo:latest"
@@ -85,16 +86,13 @@ def traffic(tag: str) -> dict[str, Any]:
     return settings
 
 
-STREAMING_PATHS = ["/generate$", "/v1/completions$", "/v1/chat/completions$"]
-
-
 def tracing_config() -> dict[str, Any]:
     """OpenTelemetry's ASGI middleware opens a span for every HTTP body message, i.e. per streamed
-    chunk: that costs ~10% of the serving CPU. Streaming paths are left out of tracing unless
-    TRTLLM_TRACE_STREAMS=1."""
+    chunk: that costs ~10% of the serving CPU. The APIs whose answers stream (the registry's
+    `streams`) are left out of tracing unless TRTLLM_TRACE_STREAMS=1."""
     if load_settings().trace_streams:
         return {}
-    return {"excluded_urls": STREAMING_PATHS}
+    return {"excluded_urls": streaming_paths()}
 
 
 _UVICORN_DEFAULT_KEEP_ALIVE_S = 5  # also what `bentoml serve` passes when not told otherwise

@@ -1,6 +1,7 @@
 """The one request path every API shares: validate → Triton stream → text chunks → result.
 
-Native streaming, native JSON and the OpenAI adapters all call :meth:`Generator.prepare` and
+Native streaming, native JSON and the OpenAI adapters all call :meth:`Generator.admit` (which
+prepares the request, off the event loop when it is large, and compiles its guide) and
 :meth:`Generator.stream`; a non-streaming answer is the stream collected by :meth:`collect`.
 """
 
@@ -17,10 +18,11 @@ from tritonclient.grpc import InferResult
 
 from ..common.engine_api import DRAIN_RESPONSES, EngineModelError, InferenceEngine
 from ..common.engine_config import EngineInfo
-from ..common.guides import GuideCompiler, GuideError, check_guide_text
+from ..common.guides import GuideCompiler, GuideError, check_guide_present
 from ..common.lora import LoraAdapter, LoraRegistry
 from ..common.tokenization import StopStringMatcher
 from .metrics import GenerationMetrics
+from .offload import Offloader
 from .request_errors import RequestError
 from .routes import Decoder, EngineRoute, Route, make_route
 from .schemas import (
@@ -61,9 +63,43 @@ class PreparedRequest:
     lora: LoraAdapter | None = None
 
 
+# A prompt longer than max_input_len tokens of this many characters each is refused without
+# tokenizing it. Real text averages 3-5 characters per token; even long runs of one character
+# merge into tokens of at most a few dozen. A prompt over the bound costs the service nothing,
+# where tokenizing it cost ~1 s of CPU per megabyte, and freeing its encoding held the GIL for
+# ~100 ms (tokenizers frees one allocation per token).
+MAX_CHARS_PER_TOKEN = 64
+
+
 def new_request_id() -> str:
     """Unguessable ids: they name requests in logs and in Triton's cancellation."""
     return secrets.token_hex(12)
+
+
+def encode_prompt(
+    tokenizer: Any, prompt: str, add_special_tokens: bool, max_tokens: int
+) -> list[int] | int:
+    """The prompt's token ids, or only how many there are when that is more than `max_tokens`.
+
+    With a fast tokenizer the ids of a prompt that is too long are never turned into a Python
+    list: the Rust encoder runs without the GIL, but building the list of a megabyte prompt's
+    ids held it for ~100 ms, stalling the event loop from another thread. transformers'
+    `encode` makes the same backend call; a tokenizer configured otherwise (truncation,
+    padding, split special tokens) or a slow one goes through `encode` itself.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        backend is None
+        or backend.truncation is not None
+        or backend.padding is not None
+        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
+        ids = list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+        return ids if len(ids) <= max_tokens else len(ids)
+    (encoding,) = backend.encode_batch([prompt], add_special_tokens=add_special_tokens)
+    if len(encoding) > max_tokens:
+        return len(encoding)
+    return list(encoding.ids)
 
 
 class Generator:
@@ -80,13 +116,16 @@ class Generator:
         lora_supported: bool = False,
         guides: GuideCompiler | None = None,
         guides_unsupported: str | None = None,
+        offloader: Offloader | None = None,
     ) -> None:
         """`client`: the inference server requests stream through; `route`: the way through
         it (:mod:`.routes`), which builds each request's tensors and decodes its responses.
         `guides` compiles guided_decoding guides against the served tokenizer (one is made
         from `tokenizer` when not given); `guides_unsupported` says why this model cannot
-        enforce any guide (guided requests are then refused)."""
+        enforce any guide (guided requests are then refused). `offloader` runs the work that
+        grows with a request off the event loop (:mod:`.offload`)."""
         self.client = client
+        self.offloader = offloader or Offloader()
         self.guides = guides or GuideCompiler(tokenizer)
         self.guides_unsupported = guides_unsupported
         self.metrics = metrics
@@ -110,7 +149,8 @@ class Generator:
         api: str = "native",
         lora: str | None = None,
     ) -> PreparedRequest:
-        """Tokenize and check every engine limit before Triton sees the request.
+        """Tokenize and check every engine limit before Triton sees the request (blocking, in
+        proportion to the prompt: the service calls it through :meth:`admit`).
 
         With `max_tokens_cap`, a request that did not set max_tokens gets all the room the engine
         leaves after the prompt, up to the cap (OpenAI chat semantics).
@@ -138,15 +178,25 @@ class Generator:
                 f"{limits.max_batch_size}: each sequence takes a batch slot",
                 param="num_return_sequences",
             )
-        prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        if not prompt_ids:
-            raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
-        if len(prompt_ids) > limits.max_input_len:
+        if params.guided_decoding is not None:
+            self._check_guide_text(params)
+        max_chars = limits.max_input_len * MAX_CHARS_PER_TOKEN
+        if len(prompt) > max_chars:
             raise RequestError(
-                f"prompt is {len(prompt_ids)} tokens but this engine accepts at most "
+                f"prompt is {len(prompt)} characters, more than this engine's max_input_len of "
+                f"{limits.max_input_len} tokens can hold (at most {max_chars} characters are "
+                "read): shorten the prompt",
+                param="prompt",
+            )
+        prompt_ids = encode_prompt(self.tokenizer, prompt, add_special_tokens, limits.max_input_len)
+        if isinstance(prompt_ids, int):
+            raise RequestError(
+                f"prompt is {prompt_ids} tokens but this engine accepts at most "
                 f"{limits.max_input_len} (max_input_len): shorten the prompt",
                 param="prompt",
             )
+        if not prompt_ids:
+            raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
         room = limits.max_seq_len - len(prompt_ids)
         if max_tokens_cap is not None and "max_tokens" not in params.model_fields_set:
             params = params.model_copy(update={"max_tokens": max(1, min(room, max_tokens_cap))})
@@ -166,29 +216,47 @@ class Generator:
             # request that asks for a temperature means to sample from the whole distribution.
             params = params.model_copy(update={"top_p": 1.0})
         self.path.check_prepared(params)
-        if params.guided_decoding is not None:
-            self._check_guide_text(params)
         return PreparedRequest(
-            request_id or new_request_id(), prompt, params, list(prompt_ids), api, adapter
+            request_id or new_request_id(), prompt, params, prompt_ids, api, adapter
         )
 
+    async def admit(
+        self,
+        prompt: str,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        size: int | None = None,
+        **options: Any,
+    ) -> PreparedRequest:
+        """:meth:`prepare` (`options` are its keywords), in the offloader's threads when the
+        request is large (`size`: its size in characters or bytes, the prompt's length if not
+        given), then :meth:`check_guide`. What every API calls before :meth:`stream`."""
+        if size is None:
+            guide = params.guided_decoding.guide if params.guided_decoding else None
+            size = len(prompt) + len(guide or "")
+        prepared = await self.offloader.run(
+            size, self.prepare, prompt, params, request_id, **options
+        )
+        await self.check_guide(prepared)
+        return prepared
+
     def _check_guide_text(self, params: SamplingParams) -> None:
-        """The guide checks that need no compiler (cheap, on the caller's thread)."""
+        """The guide checks that cost nothing; the rest run with the compiler (check_guide)."""
         if self.guides_unsupported is not None:
             raise RequestError(self.guides_unsupported, param="guided_decoding")
         guided = params.guided_decoding
         assert guided is not None
         try:
-            if self.guides.cached(guided) is None:  # a guide compiled before passed these
-                check_guide_text(guided)
+            check_guide_present(guided)
         except GuideError as error:
-            # A fresh error: the compiler's cache keeps its GuideError and raises it again.
             raise RequestError(str(error), param=error.param) from None
 
     async def check_guide(self, request: PreparedRequest) -> None:
-        """Compile the request's guide (in a thread, cached) so that one the engine could not
-        enforce is a 400 quoting the compiler, before Triton sees the request. Call it after
-        :meth:`prepare`; :meth:`stream` calls it too (a cache hit once checked)."""
+        """Check and compile the request's guide in the compiler's threads (cached, bounded in
+        time: see GuideCompiler) so that one the engine could not enforce is a 400 quoting the
+        compiler, before Triton sees the request. :meth:`admit` calls it; :meth:`stream` too (a
+        cache hit once checked)."""
         guided = request.params.guided_decoding
         if guided is None:
             return
@@ -311,7 +379,11 @@ class Generator:
         sent again with its weights."""
         send_weights = self.loras.needs_weights(adapter)
         for attempt in range(2):
-            tensors, outputs = self._triton_inputs(request, send_weights)
+            # np.load of the adapter's weights (megabytes) runs off the loop.
+            weights = (
+                await self.offloader.run(adapter.nbytes, adapter.tensors) if send_weights else None
+            )
+            tensors, outputs = self._triton_inputs(request, send_weights, weights)
             received = False
             try:
                 async with aclosing(
@@ -331,11 +403,19 @@ class Generator:
                 send_weights = True
 
     def _triton_inputs(
-        self, request: PreparedRequest, send_lora_weights: bool
+        self,
+        request: PreparedRequest,
+        send_lora_weights: bool,
+        lora_arrays: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[dict[str, np.ndarray], list[str]]:
+        """The request's tensors; with the LoRA adapter's weights when `send_lora_weights`
+        (`lora_arrays`, as loaded already, or loaded here)."""
         lora = None
         if request.lora is not None:
-            weights, config = request.lora.tensors() if send_lora_weights else (None, None)
+            if send_lora_weights:
+                weights, config = lora_arrays or request.lora.tensors()
+            else:
+                weights = config = None
             lora = LoraTensors(request.lora.task_id, weights, config)
         tensors, outputs = self.path.inputs(request, lora)
         return tensors, list(outputs)

@@ -1,119 +1,79 @@
-"""ASGI middleware in front of every API: optional API key, request-size limit and a bound on
-generation requests in flight (429 + Retry-After instead of an unbounded queue).
+"""ASGI middleware in front of every API: who may call it, how much it may send, how many
+generations run at once, and how long a request lives.
+
+For each request, in this order (what each API gets is read from the registry, :mod:`.apis`):
+
+1. the optional API key (401), as a bearer token or as `x-api-key` (Anthropic's clients);
+2. the body limit, TRTLLM_MAX_REQUEST_BYTES, on the declared Content-Length (413 at once);
+3. the bound on generation requests in flight, TRTLLM_MAX_IN_FLIGHT (429 + Retry-After instead
+   of an unbounded queue);
+4. the body is read here, counting the bytes received (chunked uploads have no
+   Content-Length): past the limit it is a 413 before more is buffered, and the API never
+   starts;
+5. the API runs in a task of its own while the client's connection is watched: when the client
+   goes away before the answer is complete, the task is cancelled, so a generation nobody will
+   read stops (its Triton request is cancelled, its slot freed), streamed or not, before its
+   first token or after. BentoML and Starlette notice a disconnect only when they next write,
+   i.e. never while a non-streamed request or a stream's first token is still being generated.
 
 Health probes, metrics and the API schema stay open so orchestrators and clients can use them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
-from dataclasses import dataclass
+from collections import deque
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..settings import load_settings
-
-OPEN_PATHS = frozenset(
-    {"/livez", "/readyz", "/healthz", "/metrics", "/triton/metrics", "/docs", "/docs.json", "/"}
-)
-GENERATION_PATHS = frozenset(
-    {
-        "/generate",
-        "/generate_text",
-        "/v1/completions",
-        "/v1/chat/completions",
-        "/v1/responses",
-        "/v1/messages",
-    }
-)
-ANTHROPIC_PREFIX = "/v1/messages"
-_ANTHROPIC_TYPES = {401: "authentication_error", 413: "request_too_large", 429: "rate_limit_error"}
-
-
-@dataclass(frozen=True)
-class GuardSettings:
-    api_key: str | None = None
-    max_in_flight: int = 1024
-    max_body_bytes: int = 4 * 1024 * 1024
-    retry_after_s: int = 1
-
-    @classmethod
-    def from_env(cls) -> GuardSettings:
-        env = load_settings()
-        return cls(
-            api_key=env.api_key.get_secret_value() if env.api_key else None,
-            max_in_flight=env.max_in_flight,
-            max_body_bytes=env.max_request_bytes,
-        )
-
-
-async def _reject(
-    send: Send, path: str, status: int, message: str, kind: str, headers: dict[str, str]
-) -> None:
-    error: object
-    if path.startswith(ANTHROPIC_PREFIX):  # Anthropic's error shape for its API
-        kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
-        error = {"type": "error", "error": {"type": kind, "message": message}}
-    elif path.startswith("/v1/"):
-        error = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    else:
-        error = {"error": message}
-    body = json.dumps(error).encode()
-    raw_headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *((k.lower().encode(), v.encode()) for k, v in headers.items()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body})
+from ..settings import Settings, load_settings
+from .apis import API, api_for
+from .errors import ErrorAnswer, render
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, settings: GuardSettings | None = None) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings | None = None) -> None:
         self.app = app
-        self.settings = settings or GuardSettings.from_env()
-        self.in_flight = 0
+        self.settings = settings or load_settings()
         key = self.settings.api_key
-        self._expected = f"Bearer {key}".encode() if key else None
-        self._key = key.encode() if key else None
+        self._expected = f"Bearer {key.get_secret_value()}".encode() if key else None
+        self._key = key.get_secret_value().encode() if key else None
+        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope.get("path", "")
-        if path in OPEN_PATHS:
+        api = api_for(scope.get("path", ""))
+        if api.open:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
         if self._expected is not None and not self._authorized(headers):
-            await _reject(
-                send, path, 401,
-                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                "authentication_error", {"WWW-Authenticate": "Bearer"},
-            )  # fmt: skip
+            answer = ErrorAnswer(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' or "
+                "'x-api-key: <key>'",
+            )
+            await _reject(scope, receive, send, api, answer, {"WWW-Authenticate": "Bearer"})
             return
+        limit = self.settings.max_request_bytes
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
-            await _reject(
-                send, path, 413, f"request body is larger than {self.settings.max_body_bytes} bytes",
-                "invalid_request_error", {},
-            )  # fmt: skip
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _reject(scope, receive, send, api, _too_large(limit))
             return
-        if path not in GENERATION_PATHS or self.settings.max_in_flight <= 0:
-            await self.app(scope, receive, send)
+        if not api.generation:
+            await self._admitted(scope, receive, send, api)
             return
-        if self.in_flight >= self.settings.max_in_flight:
-            await _reject(
-                send, path, 429,
-                f"too many requests in flight (limit {self.settings.max_in_flight}): retry shortly",
-                "rate_limit_error", {"Retry-After": str(self.settings.retry_after_s)},
-            )  # fmt: skip
+        bound = self.settings.max_in_flight
+        if self.in_flight >= bound:
+            answer = ErrorAnswer(429, f"too many requests in flight (limit {bound}): retry shortly")
+            await _reject(scope, receive, send, api, answer)
             return
         self.in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            await self._admitted(scope, receive, send, api)
         finally:
             self.in_flight -= 1
 
@@ -122,3 +82,96 @@ class GuardMiddleware:
         assert self._expected is not None and self._key is not None
         bearer = hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
         return bearer or hmac.compare_digest(headers.get(b"x-api-key", b""), self._key)
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send, api: API) -> None:
+        body = await _read_body(receive, self.settings.max_request_bytes)
+        if body is None:
+            return  # the client left while sending
+        if isinstance(body, int):
+            await _reject(scope, receive, send, api, _too_large(body))
+            return
+        await _run_while_connected(self.app, scope, receive, send, body)
+
+
+def _too_large(limit: int) -> ErrorAnswer:
+    return ErrorAnswer(
+        413,
+        f"request body is larger than {limit} bytes (TRTLLM_MAX_REQUEST_BYTES): send less",
+    )
+
+
+async def _reject(
+    scope: Scope, receive: Receive, send: Send, api: API, answer: ErrorAnswer,
+    headers: dict[str, str] | None = None,
+) -> None:  # fmt: skip
+    response = render(answer, api.errors)
+    if headers:
+        response.headers.update(headers)
+    await response(scope, receive, send)
+
+
+async def _read_body(receive: Receive, limit: int) -> deque[Message] | int | None:
+    """The request's body messages; `limit` (int) when more than `limit` bytes arrive, None
+    when the client disconnects first."""
+    messages: deque[Message] = deque()
+    received = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        received += len(message.get("body", b""))
+        if received > limit:
+            return limit
+        messages.append(message)
+        if not message.get("more_body", False):
+            return messages
+
+
+async def _run_while_connected(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: deque[Message]
+) -> None:
+    """Run the API on the body already read; cancel it if the client disconnects before the
+    response is complete.
+
+    Once the body is read, the server's `receive` only reports the end of the connection (or
+    of the response). One watcher waits for it; the API's own `receive` calls, after the body,
+    get the same message, so Starlette's disconnect listener keeps working.
+    """
+    complete = False
+    ended: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+    async def replay() -> Message:
+        if body:
+            return body.popleft()
+        return await asyncio.shield(ended)
+
+    async def send_watched(message: Message) -> None:
+        nonlocal complete
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            complete = True
+        await send(message)
+
+    task = asyncio.ensure_future(app(scope, replay, send_watched))
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        try:
+            message = await receive()
+        except Exception:  # the server cannot tell any more: take it as the end
+            message = {"type": "http.disconnect"}
+        ended.set_result(message)
+        if message["type"] == "http.disconnect" and not complete and not task.done():
+            gone = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not gone:  # the server cancels this request (shutdown): the API goes too
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+    finally:
+        watcher.cancel()

@@ -8,7 +8,6 @@ import importlib.util
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..common.lora import LoraRegistry
 from ..common.model_repository import CONFIG_NAME, TemplateError, parse_config
 from ..common.model_store import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from ..common.tokenization import load_tokenizer
-from ..settings import load_settings
+from ..settings import Settings, load_settings
 from ..triton.client import TritonLLMClient
 from ..triton.command import TritonServerConfig
 from ..triton.localize import localize_repository
@@ -31,44 +30,6 @@ from .metrics import generation_metrics
 from .routes import ROUTE_MODELS, Route
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """Knobs read from the environment (documented in the README)."""
-
-    route: Route | None = None  # None: the route stored with the model
-    grpc_port: int | None = None
-    http_port: int | None = None
-    metrics_port: int | None = None
-    startup_timeout_s: float = 600.0
-    stall_timeout_s: float = 120.0  # restart a Triton that answers nothing for this long; 0: off
-    workers: int = 1  # HTTP workers sharing the tritonserver
-    stream_interval: int = 1  # pieces per streamed HTTP message after the first (streaming.py)
-    shared_dir: Path | None = None
-    tool_parser: str | None = None  # the model's tool-call format; None: from its chat template
-    reasoning_parser: str | None = None  # how the model marks its thinking; None: likewise
-    engine_instances: int | None = None  # CPU stand-in only; None: as stored
-    served_model_name: str | None = None  # None: the stored model's name
-
-    @classmethod
-    def from_env(cls) -> RuntimeSettings:
-        env = load_settings()
-        return cls(
-            route=Route(env.route) if env.route else None,
-            grpc_port=env.triton_grpc_port,
-            http_port=env.triton_http_port,
-            metrics_port=env.triton_metrics_port,
-            startup_timeout_s=env.startup_timeout_s,
-            stall_timeout_s=env.stall_timeout_s,
-            workers=env.workers,
-            stream_interval=env.stream_interval,
-            shared_dir=env.shared_dir,
-            tool_parser=env.tool_parser,
-            reasoning_parser=env.reasoning_parser,
-            engine_instances=env.engine_instances,
-            served_model_name=env.served_model_name,
-        )
 
 
 LLMAPI_WORKFLOW = "llmapi"
@@ -96,12 +57,14 @@ def _llmapi_limits(manifest: dict[str, Any]) -> EngineLimits:
 
 
 class LLMRuntime:
-    def __init__(self, model_root: Path, settings: RuntimeSettings | None = None) -> None:
+    def __init__(self, model_root: Path, settings: Settings | None = None) -> None:
+        """`settings`: the service's (settings.py; read from the environment if not given)."""
         self.model_root = Path(model_root)
-        self.settings = settings or RuntimeSettings()
+        self.settings = settings or load_settings()
         manifest = read_manifest(self.model_root)
         self.workflow = str(manifest.get("workflow", "engine"))
-        self.route = _route(self.settings.route, manifest, self.workflow)
+        chosen = Route(self.settings.route) if self.settings.route else None
+        self.route = _route(chosen, manifest, self.workflow)
         # The llmapi workflow has no engine: its limits were recorded at pack time, and the LLM
         # API starts its tp x pp ranks itself, under one tritonserver.
         self.engine: EngineInfo | None = None
@@ -142,9 +105,9 @@ class LLMRuntime:
         )
         config = TritonServerConfig(
             model_repository=repository,
-            grpc_port=settings.grpc_port,
-            http_port=settings.http_port,
-            metrics_port=settings.metrics_port,
+            grpc_port=settings.triton_grpc_port,
+            http_port=settings.triton_http_port,
+            metrics_port=settings.triton_metrics_port,
             world_size=self.launch_ranks,
             auto_complete_config=self.workflow == LLMAPI_WORKFLOW,
             startup_timeout_s=settings.startup_timeout_s,
@@ -170,6 +133,14 @@ class LLMRuntime:
         self._client = TritonLLMClient(triton.grpc_url, self._restart_for_dead_instance)
         self._readiness = Readiness(triton, self._client)
         self._readiness.start()
+        guides = GuideCompiler(
+            tokenizer,
+            self.engine.vocab_size if self.engine else None,
+            timeout_s=settings.guide_compile_timeout_s,
+        )
+        guides_unsupported = self._guides_unsupported()
+        if guides_unsupported is None:
+            guides.warm_up_in_background()
         self._generator = Generator(
             self._client,
             tokenizer,
@@ -180,8 +151,8 @@ class LLMRuntime:
             lora_supported=self.engine is not None
             and self.engine.kind == "tensorrt_llm"
             and self.engine.lora_enabled,
-            guides=GuideCompiler(tokenizer, self.engine.vocab_size if self.engine else None),
-            guides_unsupported=self._guides_unsupported(),
+            guides=guides,
+            guides_unsupported=guides_unsupported,
         )
         if settings.stall_timeout_s > 0:
             client = self._client

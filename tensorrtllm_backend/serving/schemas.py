@@ -120,10 +120,15 @@ class GenerateRequest(SamplingParams):
         return prompt
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # found in the engine's KV cache (0 where the engine cannot tell)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # the OpenAI APIs report it
 
 
 class GeneratedSequence(BaseModel):

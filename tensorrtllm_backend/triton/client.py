@@ -38,23 +38,30 @@ from ..common.engine_api import (
     EngineError,
     EngineInstanceDeadError,
     EngineModelError,
+    EngineRequestError,
+    EngineTimeoutError,
     EngineUnavailableError,
 )
 
 logger = logging.getLogger(__name__)
 
-# gRPC status codes that mean "Triton is not there right now", as opposed to "the request failed".
-_UNAVAILABLE_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.UNKNOWN,
-}
+# gRPC statuses of a call, by what a retry of the request would do. Triton down, restarting or
+# its queue full: a retry can succeed (503 + Retry-After).
+_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# The request as sent is refused: the same request fails again (400).
+_INVALID_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
+# Any other status (CANCELLED by the server, UNKNOWN, INTERNAL, ...) is the model server failing
+# this request (502), and DEADLINE_EXCEEDED a timeout (504): neither says a retry would succeed.
 
 
 # The Python backend's error for a request to an instance whose stub is gone; inside an ensemble
 # it comes wrapped ("in ensemble 'ensemble', Stub process ...").
 _DEAD_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
+
+
+# Errors Triton answers within a stream (where gRPC carries the message but not the status)
+# when it cannot take the request now: its queue is full (max_queue_size), or it is stopping.
+_BUSY = re.compile(r"Exceeds maximum queue size|is shutting down|is not ready", re.IGNORECASE)
 
 
 def dead_instance(message: str) -> str | None:
@@ -206,20 +213,32 @@ class TritonLLMClient:
                 yield InferResult(response.infer_response)
             finished = True
         except grpc.aio.AioRpcError as error:
-            if error.code() in _UNAVAILABLE_CODES:
-                raise EngineUnavailableError(
-                    f"tritonserver stream ended: {error.code().name} {error.details()}"
-                ) from error
-            raise self._model_error(model_name, error.details() or "") from error
+            raise self._status_error(model_name, error) from error
         finally:
             self.open_streams -= 1
             if not finished:
                 # Early exit (stop string, disconnect, error): tell Triton to stop generating.
                 call.cancel()
 
+    def _status_error(self, model_name: str, error: grpc.aio.AioRpcError) -> EngineError:
+        """The error of a call that ended with a gRPC status other than OK."""
+        code = error.code()
+        details = f"tritonserver stream ended: {code.name} {error.details() or ''}".rstrip()
+        if code in _RETRY_CODES:
+            return EngineUnavailableError(details)
+        if code in _INVALID_CODES:
+            return EngineRequestError(f"{model_name} refused the request: {error.details()}")
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return EngineTimeoutError(details)
+        if code is grpc.StatusCode.UNKNOWN or code is grpc.StatusCode.INTERNAL:
+            return self._model_error(model_name, error.details() or details)
+        return EngineModelError(f"{model_name}: {details}")
+
     def _model_error(self, model_name: str, message: str) -> EngineError:
         instance = dead_instance(message)
         if instance is None:
+            if _BUSY.search(message):
+                return EngineUnavailableError(f"{model_name}: {message}")
             return EngineModelError(f"{model_name}: {message}")
         if self.on_dead_instance is not None:
             self.on_dead_instance(instance)

@@ -21,6 +21,8 @@ TIMEOUT = httpx.Timeout(20.0)  # no case may hang: each request has a hard limit
 MODEL = "trtllm-demo"  # the demo model's served name (checked in test_table_model_name)
 LONG_PROMPT = "story " * 2000  # beyond the demo's max_input_len (256 tokens)
 BIG = 5 * 1024 * 1024  # above the 4 MiB request limit
+# A JSON schema nested 80 levels deep (40 objects in objects).
+DEEP_SCHEMA = '{"type": "object", "properties": {"a": ' * 40 + "{}" + "}}" * 40
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,14 @@ NATIVE_CASES = [
     *_guide(
         "guide-schema-bad-ref", "json_schema", '{"$ref": "#/$defs/missing"}', "does not compile"
     ),
+    # Nested deeper than any schema needs: refused by depth, not by exhausting a recursion (500).
+    *_guide("guide-schema-deep", "json_schema", DEEP_SCHEMA, "nested more than 64 levels"),
+    *_guide("guide-schema-very-deep", "json_schema", "[" * 100_000 + "]" * 100_000, "nested"),
+    *_native(
+        "body-very-deep",
+        b'{"prompt": "hi", "stop": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "invalid json: recursion limit exceeded",
+    ),  # fmt: skip
     # No coercion from strings (or numbers) to booleans and numbers; the message names the field.
     *_native(
         "max-tokens-numeric-string", {"prompt": "hi", "max_tokens": "10"}, f"max_tokens: {INT}"
@@ -242,6 +252,31 @@ OPENAI_CASES = [
     *_openai("guided-json-not-json", {"guided_json": "{nope"}, "not valid json"),
     *_openai("guided-regex-broken", {"guided_regex": "(["}, "regex"),
     *_openai("guided-grammar-broken", {"guided_grammar": "root ::= "}, "grammar"),
+    # Over the guide length limit, or nested too deeply: a 400 naming the field (not a 500).
+    *_openai("guided-regex-too-long", {"guided_regex": "a" * 256_001}, "at most 256000"),
+    *_openai(
+        "response-format-schema-too-long",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"enum": ["x" * 256_000]}},
+            }
+        },
+        "response_format makes a guide",
+    ),  # fmt: skip
+    *_openai(
+        "response-format-schema-deep",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": json.loads(DEEP_SCHEMA)},
+            }
+        },
+        "nested more than 64 levels",
+    ),  # fmt: skip
+    *_openai(
+        "body-very-deep", b'{"model": "trtllm-demo", "prompt": ' + b"[" * 100_000, "not valid json"
+    ),  # fmt: skip
     # Tools.
     *_openai(
         "tool-type-unknown",

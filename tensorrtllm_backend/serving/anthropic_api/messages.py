@@ -215,8 +215,11 @@ class MessagesServing(ChatAdapter):
     api = API_LABEL
     fields = FIELDS
 
-    async def prepare(self, request: MessagesRequest) -> tuple[PreparedRequest, ChatPlan]:
-        return await self.prepare_chat(chat_request(request, self.serving))
+    async def prepare(
+        self, request: MessagesRequest, size: int = 0
+    ) -> tuple[PreparedRequest, ChatPlan]:
+        """The core request and its plan (`size`: the request body's bytes)."""
+        return await self.prepare_chat(chat_request(request, self.serving), size)
 
     def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
         chat = chat_request(request, self.serving)

@@ -53,9 +53,13 @@ class ChatAdapter:
     def __init__(self, serving: OpenAIServing) -> None:
         self.serving = serving
 
-    async def prepare_chat(self, chat: ChatCompletionRequest) -> tuple[PreparedRequest, ChatPlan]:
+    async def prepare_chat(
+        self, chat: ChatCompletionRequest, size: int
+    ) -> tuple[PreparedRequest, ChatPlan]:
+        """The chat request prepared (`size`: the request body's bytes, which decide whether
+        its tools and template are handled off the event loop)."""
         try:
-            return await self.serving.prepare_chat(chat, api=self.api)
+            return await self.serving.prepare_chat(chat, size, api=self.api)
         except OpenAIError as error:
             error.param = named(error.param, self.fields)
             raise

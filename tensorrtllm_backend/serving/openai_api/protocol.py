@@ -2,7 +2,8 @@
 
 Types are strict at this edge (`"stream": "yes"` or `"max_tokens": "10"` is a 400). Fields of
 OpenAI's request schema that cannot be honoured here are a 400 naming them; fields OpenAI does not
-define are accepted, and the route logs their names once per request (see `unknown_fields`).
+define are accepted, and the route logs each such name once (`unknown_fields`,
+`routes.UnknownFieldLog`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..schemas import MAX_PROMPT_CHARS, MAX_STOP_WORDS, MAX_WORD_CHARS, UINT64_MAX
+from ..schemas import MAX_PROMPT_CHARS, MAX_STOP_WORDS, MAX_WORD_CHARS, UINT64_MAX, Usage
 
 # OpenAI's rule for function and schema names.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -296,17 +297,6 @@ class ChatCompletionRequest(_SamplingFields):
 # --- responses ------------------------------------------------------------------------------------
 
 
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # found in the engine's KV cache (0 where the engine cannot tell)
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
-
-
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
@@ -367,14 +357,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from ..request_errors import RequestError
-from ..schemas import GuidedDecoding
+from ..schemas import MAX_GUIDE_CHARS, GuidedDecoding
 from .protocol import ResponseFormat, _SamplingFields
 
 # Any JSON object. additionalProperties is spelled out: xgrammar's strict mode (TensorRT-LLM's
@@ -26,6 +26,17 @@ class FormatError(RequestError):
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message, param=param)
+
+
+def make_guide(kind: str, text: str, param: str) -> GuidedDecoding:
+    """The core request's guide; one longer than the engine takes is a 400 naming `param`."""
+    if len(text) > MAX_GUIDE_CHARS:
+        raise FormatError(
+            f"{param} makes a guide of {len(text)} characters; at most {MAX_GUIDE_CHARS} are "
+            "accepted: send a smaller one",
+            param,
+        )
+    return GuidedDecoding(type=kind, guide=text)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -44,9 +55,10 @@ def output_constraint(request: _SamplingFields) -> OutputConstraint | None:
     if request.guided_json is not None:
         found.append(OutputConstraint(_schema_guide(request.guided_json), "guided_json"))
     if request.guided_regex is not None:
-        found.append(OutputConstraint(_guide("regex", request.guided_regex), "guided_regex"))
+        regex = _guide("regex", request.guided_regex, "guided_regex")
+        found.append(OutputConstraint(regex, "guided_regex"))
     if request.guided_grammar is not None:
-        grammar = _guide("ebnf_grammar", request.guided_grammar)
+        grammar = _guide("ebnf_grammar", request.guided_grammar, "guided_grammar")
         found.append(OutputConstraint(grammar, "guided_grammar"))
     if request.guided_choice is not None:
         found.append(OutputConstraint(choice_guide(request.guided_choice), "guided_choice"))
@@ -67,7 +79,7 @@ def _from_response_format(response_format: ResponseFormat) -> GuidedDecoding | N
     assert spec is not None  # checked by ResponseFormat
     if spec.json_schema is None:  # OpenAI's schema is optional: then any JSON object
         return GuidedDecoding(type="json_schema", guide=ANY_OBJECT)
-    return GuidedDecoding(type="json_schema", guide=json.dumps(spec.json_schema))
+    return make_guide("json_schema", json.dumps(spec.json_schema), "response_format")
 
 
 def _schema_guide(schema: dict[str, object] | str) -> GuidedDecoding:
@@ -79,13 +91,13 @@ def _schema_guide(schema: dict[str, object] | str) -> GuidedDecoding:
         if not isinstance(parsed, dict):
             raise FormatError("guided_json must be a JSON schema object", "guided_json")
         schema = parsed
-    return GuidedDecoding(type="json_schema", guide=json.dumps(schema))
+    return make_guide("json_schema", json.dumps(schema), "guided_json")
 
 
-def _guide(kind: str, text: str) -> GuidedDecoding:
+def _guide(kind: str, text: str, param: str) -> GuidedDecoding:
     if not text.strip():
-        raise FormatError(f"the {kind} guide is empty", f"guided_{kind.split('_')[-1]}")
-    return GuidedDecoding(type=kind, guide=text)  # type: ignore[arg-type]
+        raise FormatError(f"the {kind} guide is empty", param)
+    return make_guide(kind, text, param)
 
 
 def choice_guide(choices: list[str]) -> GuidedDecoding:
@@ -93,4 +105,4 @@ def choice_guide(choices: list[str]) -> GuidedDecoding:
     if any(not choice for choice in choices):
         raise FormatError("guided_choice strings must not be empty", "guided_choice")
     alternatives = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
-    return GuidedDecoding(type="ebnf_grammar", guide=f"root ::= {alternatives}")
+    return make_guide("ebnf_grammar", f"root ::= {alternatives}", "guided_choice")

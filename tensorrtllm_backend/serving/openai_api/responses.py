@@ -227,7 +227,8 @@ class ResponsesServing(ChatAdapter):
         super().__init__(serving)
         self.store = store
 
-    async def prepare(self, request: ResponsesRequest) -> ResponseRun:
+    async def prepare(self, request: ResponsesRequest, size: int = 0) -> ResponseRun:
+        """The response to run (`size`: the request body's bytes)."""
         refused = request.unsupported()
         if refused is not None:
             raise OpenAIError(refused[1], param=refused[0])
@@ -239,7 +240,7 @@ class ResponsesServing(ChatAdapter):
                 raise self._not_found(request.previous_response_id, "previous_response_id")
             history = found
         items = parse_items(history, "previous_response_id") + new_items
-        prepared, plan = await self.prepare_chat(chat_request(request, items))
+        prepared, plan = await self.prepare_chat(chat_request(request, items), size)
         dumped = [_stored_item(item) for item in new_items]
         run = ResponseRun(request, prepared, plan, dumped)
         if request.store and self.store.enabled:

@@ -11,31 +11,24 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .response_store import ResponseStore
-from .responses import API_LABEL, ResponsesServing
+from .responses import ResponsesServing
 from .responses_protocol import ResponsesRequest
-from .routes import (
-    ServingProvider,
-    _parse,
-    _streaming_response,
-    current_serving,
-    openai_endpoint,
-)
+from .routes import Endpoints, _streaming_response
 
 
-def responses_routes(
-    get_serving: ServingProvider, store: ResponseStore | None = None
-) -> list[Route]:
+def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -> list[Route]:
     """The routes, relative to `/v1`; `store` defaults to one sized by the settings."""
     responses_store = store if store is not None else ResponseStore.from_settings()
+    handler = endpoints.handler
 
     def current() -> ResponsesServing:
-        return ResponsesServing(current_serving(get_serving), responses_store)
+        return ResponsesServing(endpoints.serving(), responses_store)
 
     async def create(request: Request) -> Response:
-        parsed = await _parse(request, ResponsesRequest)
-        assert isinstance(parsed, ResponsesRequest)
         server = current()
-        run = await server.prepare(parsed)
+        parsed, size = await endpoints.parse(request, server.serving, ResponsesRequest)
+        assert isinstance(parsed, ResponsesRequest)
+        run = await server.prepare(parsed, size)
         if parsed.stream:
             return await _streaming_response(server.stream(run), server.serving.stream_interval)
         return JSONResponse(await server.create(run))
@@ -57,9 +50,9 @@ def responses_routes(
 
     one = "/responses/{response_id}"
     return [
-        Route("/responses", openai_endpoint(create, API_LABEL), methods=["POST"]),
-        Route(one, openai_endpoint(retrieve), methods=["GET"]),
-        Route(one, openai_endpoint(delete), methods=["DELETE"]),
-        Route(f"{one}/cancel", openai_endpoint(cancel), methods=["POST"]),
-        Route(f"{one}/input_items", openai_endpoint(input_items), methods=["GET"]),
+        Route("/responses", handler(create), methods=["POST"]),
+        Route(one, handler(retrieve), methods=["GET"]),
+        Route(one, handler(delete), methods=["DELETE"]),
+        Route(f"{one}/cancel", handler(cancel), methods=["POST"]),
+        Route(f"{one}/input_items", handler(input_items), methods=["GET"]),
     ]

@@ -11,6 +11,7 @@ import secrets
 from typing import Any
 
 from ...common.guides import GuideError
+from ..apis import CHAT_LABEL, COMPLETIONS_LABEL
 from ..generation import Generator, PreparedRequest, new_request_id
 from ..request_errors import RequestError
 from ..schemas import (
@@ -41,15 +42,15 @@ OPENAI_DEFAULT_TEMPERATURE = 1.0  # OpenAI samples when temperature is not given
 CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
 
 
-class OpenAIError(Exception):
-    """An error answered in OpenAI's error-object format."""
+class OpenAIError(RequestError):
+    """A request /v1 cannot serve as sent, with OpenAI's error type and code."""
 
     def __init__(
         self, message: str, status: int = 400, kind: str = "invalid_request_error",
         param: str | None = None, code: str | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.kind, self.param, self.code = status, kind, param, code
+        super().__init__(message, status, param)
+        self.kind, self.code = kind, code
 
     @classmethod
     def from_request_error(cls, error: RequestError, guide_param: str | None = None) -> OpenAIError:
@@ -156,23 +157,32 @@ class OpenAIServing(StreamingServing):
         params: SamplingParams,
         guide_param: str | None,
         api: str,
+        size: int,
         **options: Any,
     ) -> PreparedRequest:
         """The core request of an OpenAI request (`options`: more arguments of
-        :meth:`Generator.prepare`). A guide the engine could not enforce is a 400 quoting the
+        :meth:`Generator.prepare`; `size`: the request body's bytes, which decide whether it is
+        prepared off the event loop). A guide the engine could not enforce is a 400 quoting the
         compiler, before Triton sees the request (compiled in a thread, cached); every refusal
         names the OpenAI field, `guide_param` for the guide."""
         lora = self._lora(request)
         try:
-            prepared = self.generator.prepare(
-                prompt, params, new_request_id(), api=api, lora=lora, **options
+            prepared = await self.generator.admit(
+                prompt,
+                params,
+                new_request_id(),
+                size=max(size, len(prompt)),
+                api=api,
+                lora=lora,
+                **options,
             )
-            await self.generator.check_guide(prepared)
         except RequestError as error:
             raise OpenAIError.from_request_error(error, guide_param) from None
         return prepared
 
-    async def prepare_completion(self, request: CompletionRequest) -> PreparedRequest:
+    async def prepare_completion(
+        self, request: CompletionRequest, size: int = 0
+    ) -> PreparedRequest:
         self._check_common(request)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
@@ -190,7 +200,7 @@ class OpenAIServing(StreamingServing):
             params = params.model_copy(update={"exclude_input_in_output": False})
         param = constraint.param if constraint else None
         prompt: str = request.prompt  # type: ignore[assignment]
-        return await self._prepare(request, prompt, params, param, "openai_completions")
+        return await self._prepare(request, prompt, params, param, COMPLETIONS_LABEL, size)
 
     @staticmethod
     def _check_best_of(request: CompletionRequest, candidates: int) -> None:
@@ -209,8 +219,14 @@ class OpenAIServing(StreamingServing):
             )
 
     def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
-        """The prompt of a chat request, by the model's chat template; `chat_template_kwargs`
-        (e.g. enable_thinking) are the template's own variables."""
+        """The prompt of a chat request, by the model's chat template (blocking, in proportion
+        to the messages and tools: :meth:`prepare_chat` runs it off the loop when large);
+        `chat_template_kwargs` (e.g. enable_thinking) are the template's own variables.
+
+        The messages' own faults (a content part that is not text, tool-call arguments that are
+        not JSON) and the template's refusals (jinja2's raise_exception: "roles must
+        alternate"...) are the client's, a 400; anything else, a broken template included, is a
+        server error."""
         tokenizer = self.generator.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise OpenAIError(
@@ -221,6 +237,11 @@ class OpenAIServing(StreamingServing):
         tools = plan.template_tools() if plan is not None else None
         try:
             messages = [history_message(m) for m in request.messages]
+        except ValueError as error:
+            raise OpenAIError(str(error), param="messages") from None
+        import jinja2
+
+        try:
             return str(
                 tokenizer.apply_chat_template(
                     messages,
@@ -230,9 +251,9 @@ class OpenAIServing(StreamingServing):
                     **(request.chat_template_kwargs or {}),
                 )
             )
-        except ValueError as error:
-            raise OpenAIError(str(error), param="messages") from None
-        except Exception as error:  # template errors (jinja2 raise_exception) are user errors
+        except jinja2.TemplateSyntaxError:
+            raise  # the model's template is broken: not the client's to fix
+        except jinja2.TemplateError as error:
             raise OpenAIError(
                 f"the chat template rejected the messages: {error}", param="messages"
             ) from None
@@ -245,10 +266,11 @@ class OpenAIServing(StreamingServing):
             raise OpenAIError(str(error), param=error.param) from None
 
     async def prepare_chat(
-        self, request: ChatCompletionRequest, api: str = "openai_chat"
+        self, request: ChatCompletionRequest, size: int = 0, api: str = CHAT_LABEL
     ) -> tuple[PreparedRequest, ChatPlan]:
-        """The core request and the plan its answer is read back with (tools, reasoning); `api`:
-        the metrics label of the API the request came from."""
+        """The core request and the plan its answer is read back with (tools, reasoning);
+        `size`: the request body's bytes (a large request's tools and template are handled off
+        the event loop); `api`: the metrics label of the API the request came from."""
         self._check_common(request)
         if request.top_logprobs:
             raise OpenAIError(
@@ -256,7 +278,7 @@ class OpenAIServing(StreamingServing):
                 "probability only (use logprobs=true)",
                 param="top_logprobs",
             )
-        plan = self.plan_tools(request)
+        plan = await self.generator.offloader.run(size, self.plan_tools, request)
         constraint = _constraint(request)
         guide, guide_param = (constraint.guide, constraint.param) if constraint else (None, None)
         if plan.guide is not None:
@@ -269,7 +291,7 @@ class OpenAIServing(StreamingServing):
             guide, guide_param = plan.guide, "tools"
         elif constraint is not None and plan.parses_calls:
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
-        prompt = self.render_chat(request, plan)
+        prompt = await self.generator.offloader.run(size, self.render_chat, request, plan)
         reasoning = self._reasoning(prompt)
         if (
             guide is not None
@@ -280,7 +302,7 @@ class OpenAIServing(StreamingServing):
         params = self._sampling(request, request.logprobs, guide)
         # The template already holds the special tokens (BOS) the model expects.
         prepared = await self._prepare(
-            request, prompt, params, guide_param, api,
+            request, prompt, params, guide_param, api, size,
             add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP,
         )  # fmt: skip
         return prepared, ChatPlan(plan, reasoning)

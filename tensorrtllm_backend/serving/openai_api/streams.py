@@ -17,9 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest
-from ..schemas import FinishReason, SequenceResult
+from ..schemas import FinishReason, PromptTokensDetails, SequenceResult
 from .answers import ChatPlan
-from .protocol import PromptTokensDetails, Usage, UsageReport
+from .protocol import Usage, UsageReport
 from .tool_stream import ChatDeltas
 
 _json = json.dumps

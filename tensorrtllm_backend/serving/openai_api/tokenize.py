@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .protocol import ChatCompletionRequest, ChatMessage, OpenAIModel, Tool
-from .routes import ServingProvider, _parse, current_serving, openai_endpoint
+from .routes import Endpoints
 from .serving import OpenAIError, OpenAIServing
 
 
@@ -95,20 +95,24 @@ def detokenize(serving: OpenAIServing, request: DetokenizeRequest) -> dict[str, 
     return {"prompt": tokenizer.decode(request.tokens)}
 
 
-def tokenize_routes(get_serving: ServingProvider) -> list[Route]:
+def tokenize_routes(endpoints: Endpoints) -> list[Route]:
     """`POST /tokenize` and `POST /detokenize`, relative to the service's root."""
 
     async def tokenize_endpoint(request: Request) -> Response:
-        parsed = await _parse(request, TokenizeRequest)
+        serving = endpoints.serving()
+        parsed, size = await endpoints.parse(request, serving, TokenizeRequest)
         assert isinstance(parsed, TokenizeRequest)
-        return JSONResponse(tokenize(current_serving(get_serving), parsed))
+        return JSONResponse(await serving.generator.offloader.run(size, tokenize, serving, parsed))
 
     async def detokenize_endpoint(request: Request) -> Response:
-        parsed = await _parse(request, DetokenizeRequest)
+        serving = endpoints.serving()
+        parsed, size = await endpoints.parse(request, serving, DetokenizeRequest)
         assert isinstance(parsed, DetokenizeRequest)
-        return JSONResponse(detokenize(current_serving(get_serving), parsed))
+        return JSONResponse(
+            await serving.generator.offloader.run(size, detokenize, serving, parsed)
+        )
 
     return [
-        Route("/tokenize", openai_endpoint(tokenize_endpoint), methods=["POST"]),
-        Route("/detokenize", openai_endpoint(detokenize_endpoint), methods=["POST"]),
+        Route("/tokenize", endpoints.handler(tokenize_endpoint), methods=["POST"]),
+        Route("/detokenize", endpoints.handler(detokenize_endpoint), methods=["POST"]),
     ]

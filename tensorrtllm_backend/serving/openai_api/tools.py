@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..request_errors import RequestError
 from ..schemas import GuidedDecoding
 from .protocol import ChatCompletionRequest, NamedToolChoice, Tool, ToolCall, ToolCallFunction
+from .response_format import make_guide
 from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
 from .tool_parsers import JSON_CALLS, ToolCallFormat, ToolCallParser
 
@@ -83,7 +85,7 @@ def plan_tools(
     tools = request.tools or []
     choice = request.tool_choice
     names = [tool.function.name for tool in tools]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
     if duplicates:
         raise ToolError(f"tool names must be unique: {', '.join(duplicates)}", "tools")
     if choice is None:
@@ -109,13 +111,13 @@ def plan_tools(
                 "tool_choice",
             )
         schema = parameters(tools[names.index(name)])
-        return ToolPlan("named", tools, named=name, guide=_json_schema_guide(schema))
+        return ToolPlan("named", tools, named=name, guide=_json_schema_guide(schema, "tool_choice"))
     if choice == "none":
         return ToolPlan("none", tools)
     if choice == "required":
         arguments_key = fmt.arguments_key if fmt is not None else "arguments"
         schema = calls_schema(tools, arguments_key, request.parallel_tool_calls)
-        return ToolPlan("required", tools, guide=_json_schema_guide(schema))
+        return ToolPlan("required", tools, guide=_json_schema_guide(schema, "tools"))
     if fmt is None:
         raise ToolError(
             "tool_choice \"auto\" reads calls in the model's own format, and this model's chat "
@@ -148,8 +150,8 @@ def calls_schema(tools: list[Tool], arguments_key: str, parallel: bool) -> dict[
     return schema
 
 
-def _json_schema_guide(schema: dict[str, Any]) -> GuidedDecoding:
-    return GuidedDecoding(type="json_schema", guide=json.dumps(schema))
+def _json_schema_guide(schema: dict[str, Any], param: str) -> GuidedDecoding:
+    return make_guide("json_schema", json.dumps(schema), param)
 
 
 def history_message(message: Any) -> dict[str, Any]:

@@ -240,7 +240,8 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
     itself), and one GPU per rank asked of BentoML."""
     from tensorrtllm_backend.serving.deployment import resources
     from tensorrtllm_backend.serving.routes import Route
-    from tensorrtllm_backend.serving.runtime import LLMRuntime, RuntimeSettings
+    from tensorrtllm_backend.serving.runtime import LLMRuntime
+    from tensorrtllm_backend.settings import Settings
     from tensorrtllm_backend.triton.command import TritonPorts, TritonServerConfig, build_command
     from tensorrtllm_backend.triton.install import TritonInstallation
 
@@ -265,7 +266,7 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
         )
         assert "--disable-auto-complete-config" not in argv and "mpirun" not in argv
         with pytest.raises(ValueError, match="does not fit a model packed with the llmapi"):
-            LLMRuntime(Path(model.path), RuntimeSettings(route=Route.DIRECT))
+            LLMRuntime(Path(model.path), Settings(route=Route.DIRECT.value))
     finally:
         bentoml.models.delete(str(model.tag))
 

@@ -15,6 +15,7 @@ from tensorrtllm_backend.serving.errors import (
     BENTOML_API_LOGGER,
     APIError,
     BriefAPIErrorLog,
+    ErrorAnswer,
     log_api_errors_briefly,
 )
 from tensorrtllm_backend.serving.schemas import GenerateRequest
@@ -65,9 +66,10 @@ def test_api_errors_are_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> 
     assert sum(isinstance(f, BriefAPIErrorLog) for f in api_logger.filters) == 1
     caplog.set_level(logging.INFO, logger=BENTOML_API_LOGGER)
     for error in (
-        APIError("the model server is not available, retry shortly: 100% gone", 503),
-        APIError("max_tokens: must be at least 1", 400),
+        APIError(ErrorAnswer(503, "the model server is not available, retry shortly: 100% gone")),
+        APIError(ErrorAnswer(400, "max_tokens: must be at least 1")),
         RuntimeError("a bug"),
+        APIError(ErrorAnswer(500, "internal error (request id 1f)"), logged=True),
     ):
         try:
             raise error
@@ -77,6 +79,7 @@ def test_api_errors_are_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> 
         GenerateRequest.model_validate({"prompt": "hi", "max_tokens": "many"})
     except ValidationError:
         api_logger.error("Exception on %s [%s]", "/generate", "POST", exc_info=True)
+    # the unexpected error's APIError is not logged again: the mapper logged its traceback
     unavailable, bad_request, bug, invalid = caplog.records
     assert unavailable.levelno == logging.ERROR and unavailable.exc_info is None
     assert unavailable.getMessage() == (

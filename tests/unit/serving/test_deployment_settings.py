@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from tensorrtllm_backend.serving.deployment import REQUEST_TIMEOUT_S, traffic
-from tensorrtllm_backend.serving.runtime import RuntimeSettings
 from tensorrtllm_backend.settings import load_settings
 
 ABSENT = "no-such-model:latest"  # not in the store: no engine metadata to size from
@@ -56,7 +55,7 @@ def test_engine_instances_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("TRTLLM_ENGINE_INSTANCES", raising=False)
     assert load_settings().engine_instances is None
     monkeypatch.setenv("TRTLLM_ENGINE_INSTANCES", "8")
-    assert RuntimeSettings.from_env().engine_instances == 8
+    assert load_settings().engine_instances == 8
     monkeypatch.setenv("TRTLLM_ENGINE_INSTANCES", "-2")
     with pytest.raises(ValueError, match="TRTLLM_ENGINE_INSTANCES"):
         load_settings()

@@ -10,7 +10,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from tensorrtllm_backend.serving.guard import GuardMiddleware, GuardSettings
+from tensorrtllm_backend.serving.guard import GuardMiddleware
+from tensorrtllm_backend.settings import Settings
 
 KEY = "s3cret"
 
@@ -24,7 +25,7 @@ def client() -> TestClient:
     app = Starlette(
         routes=[Route(path, ok, methods=["POST"]) for path in ("/v1/messages", "/v1/responses")]
     )
-    settings = GuardSettings(api_key=KEY)
+    settings = Settings(api_key=KEY)
     return TestClient(GuardMiddleware(app, settings))  # type: ignore[arg-type]
 
 

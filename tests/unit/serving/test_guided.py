@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tensorrtllm_backend.common.guides import GuideCompiler, GuideError, check_guide_text
+from tensorrtllm_backend.common.guides import (
+    MAX_DEPTH,
+    Guide,
+    GuideBusyError,
+    GuideCompiler,
+    GuideError,
+    check_guide_text,
+    json_depth,
+)
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.request_errors import RequestError
@@ -85,13 +95,17 @@ def test_compiled_grammars_are_cached_by_type_and_guide(compiler: GuideCompiler)
     assert twice.value is once.value
 
 
-def test_cache_is_bounded(tokenizer) -> None:
-    compiler = GuideCompiler(tokenizer, cache_size=2)
-    guides = [GuidedDecoding(type="regex", guide=f"a{{{n}}}") for n in range(1, 4)]
+def test_cache_is_bounded_in_bytes(tokenizer) -> None:
+    guides = [GuidedDecoding(type="regex", guide=f"{n}[a-z]{{3}}") for n in range(4)]
+    probe = GuideCompiler(tokenizer)
+    probe.compile(guides[0])
+    one = probe.cached_bytes  # what one such grammar costs
+    compiler = GuideCompiler(tokenizer, cache_bytes=int(one * 2.5))
     for guided in guides:
         compiler.compile(guided)
-    assert compiler.cached(guides[0]) is None
-    assert compiler.cached(guides[2]) is not None
+        assert compiler.cached_bytes <= int(one * 2.5)
+    assert compiler.cached(guides[0]) is None  # the oldest went first
+    assert compiler.cached(guides[3]) is not None
 
 
 async def test_concurrent_checks_share_one_compilation(compiler: GuideCompiler, monkeypatch):
@@ -189,3 +203,98 @@ async def test_model_without_guided_decoding_refuses_guides(tokenizer) -> None:
     with pytest.raises(RequestError, match="guided decoding is off"):
         generator.prepare("Hi", SamplingParams(guided_decoding=GuidedDecoding(type="json")))
     generator.prepare("Hi", SamplingParams())  # unguided requests are served as before
+
+
+class SlowCompiles:
+    """Replaces a compiler's xgrammar call with one that waits until released (a guide that
+    takes xgrammar minutes), counting the calls."""
+
+    def __init__(self, compiler: GuideCompiler, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+        real = compiler._compile
+
+        def slow(guided: GuidedDecoding):
+            self.calls += 1
+            self.release.wait(10)
+            return real(guided)
+
+        monkeypatch.setattr(compiler, "_compile", slow)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_slow_compile_is_a_400_and_its_failure_is_remembered(tokenizer, monkeypatch):
+    clock = Clock()
+    compiler = GuideCompiler(tokenizer, timeout_s=0.3, failure_ttl_s=60, clock=clock)
+    slow = SlowCompiles(compiler, monkeypatch)
+    guided = GuidedDecoding(type="regex", guide="[a-z]{5}")
+    started = time.monotonic()
+    with pytest.raises(GuideError, match="did not compile within 0.3 s"):
+        clock.now += 0.3  # the compiler's clock says the time is up when the wait ends
+        await compiler.check(guided)
+    assert time.monotonic() - started < 5
+    with pytest.raises(GuideError, match="did not compile within"):
+        await compiler.check(guided)  # remembered: no second compilation
+    assert slow.calls == 1
+    slow.release.set()  # the compilation finishes late: the guide stays refused until its TTL
+    await asyncio.sleep(0.1)
+    with pytest.raises(GuideError):
+        compiler.cached(guided)
+    clock.now += 61
+    assert compiler.cached(guided) is None  # forgotten: the next request compiles again
+    await compiler.check(guided)
+    assert slow.calls == 2 and compiler.cached(guided) is not None
+
+
+async def test_a_full_compiler_answers_busy(tokenizer, monkeypatch):
+    compiler = GuideCompiler(tokenizer, max_threads=1, max_pending=1, timeout_s=5)
+    slow = SlowCompiles(compiler, monkeypatch)
+    first = asyncio.ensure_future(compiler.check(GuidedDecoding(type="regex", guide="a+")))
+    await asyncio.sleep(0.05)
+    with pytest.raises(GuideBusyError, match="retry shortly"):
+        await compiler.check(GuidedDecoding(type="regex", guide="b+"))
+    slow.release.set()
+    await first
+    await compiler.check(GuidedDecoding(type="regex", guide="b+"))  # room again
+
+
+async def test_a_guide_that_cannot_start_in_time_is_busy_not_invalid(tokenizer, monkeypatch):
+    compiler = GuideCompiler(tokenizer, max_threads=1, max_pending=4, timeout_s=0.3)
+    slow = SlowCompiles(compiler, monkeypatch)
+    first = asyncio.ensure_future(compiler.check(GuidedDecoding(type="regex", guide="a+")))
+    await asyncio.sleep(0.05)  # the first guide holds the only thread
+    with pytest.raises(GuideBusyError, match="waited 0.3 s for a free thread"):
+        await compiler.check(GuidedDecoding(type="regex", guide="b+"))
+    slow.release.set()
+    with pytest.raises(GuideError):
+        await first  # its own 0.3 s ran out while it compiled
+    assert compiler.cached(GuidedDecoding(type="regex", guide="b+")) is None  # not refused
+
+
+def test_the_engine_side_compile_is_bounded_too(tokenizer, monkeypatch):
+    compiler = GuideCompiler(tokenizer, timeout_s=0.2)
+    slow = SlowCompiles(compiler, monkeypatch)
+    with pytest.raises(GuideError, match="did not compile within 0.2 s"):
+        compiler.compile(GuidedDecoding(type="regex", guide="c+"))
+    slow.release.set()
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH // 2 + 1, 50_000])
+def test_deeply_nested_guides_are_refused(levels: int) -> None:
+    """Just past the limit, and deep enough to exhaust the JSON parser's recursion."""
+    schema = '{"anyOf": [' * levels + "true" + "]}" * levels  # 2 levels each
+    with pytest.raises(GuideError, match=f"nested more than {MAX_DEPTH} levels"):
+        check_guide_text(Guide("json_schema", schema))
+    fits = '{"anyOf": [' * (MAX_DEPTH // 2) + "true" + "]}" * (MAX_DEPTH // 2)
+    check_guide_text(Guide("json_schema", fits))
+
+
+def test_json_depth_counts_nesting() -> None:
+    assert json_depth(1) == 0 and json_depth([]) == 1 and json_depth({"a": [{"b": 2}]}) == 3

@@ -25,6 +25,7 @@ from tensorrtllm_backend.serving.openai_api.tools import (
     extract_calls,
     plan_tools,
 )
+from tensorrtllm_backend.settings import load_settings
 
 WEATHER = {
     "type": "function",
@@ -212,12 +213,10 @@ def test_unsupported_and_unknown_fields() -> None:
 
 
 def test_tool_parser_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorrtllm_backend.serving.runtime import RuntimeSettings
-
     monkeypatch.delenv("TRTLLM_TOOL_PARSER", raising=False)
-    assert RuntimeSettings.from_env().tool_parser is None
+    assert load_settings().tool_parser is None
     monkeypatch.setenv("TRTLLM_TOOL_PARSER", "llama3_json")
-    assert RuntimeSettings.from_env().tool_parser == "llama3_json"
+    assert load_settings().tool_parser == "llama3_json"
     monkeypatch.setenv("TRTLLM_TOOL_PARSER", "qwen-ish")
     with pytest.raises(ValueError, match="hermes"):
-        RuntimeSettings.from_env()
+        load_settings()

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tensorrtllm_backend.serving.runtime import RuntimeSettings
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
+from tensorrtllm_backend.settings import load_settings
 
 
 async def pieces(count: int, log: list[str], fail_after: int | None = None) -> AsyncIterator[str]:
@@ -117,9 +117,9 @@ async def test_with_an_interval_an_error_still_follows_the_pieces_before_it() ->
 
 def test_the_stream_interval_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRTLLM_STREAM_INTERVAL", "4")
-    assert RuntimeSettings.from_env().stream_interval == 4
+    assert load_settings().stream_interval == 4
     monkeypatch.delenv("TRTLLM_STREAM_INTERVAL")
-    assert RuntimeSettings.from_env().stream_interval == 1
+    assert load_settings().stream_interval == 1
     monkeypatch.setenv("TRTLLM_STREAM_INTERVAL", "0")
     with pytest.raises(ValueError, match="TRTLLM_STREAM_INTERVAL"):
-        RuntimeSettings.from_env()
+        load_settings()
