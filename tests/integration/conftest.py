@@ -250,6 +250,16 @@ def demo_server(demo_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def tools_server(
+    tools_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BentoServer]:
+    """One `bentoml serve` of tools_model, for the modules whose prompts carry tools."""
+    server = start_bento_server(tools_model, tmp_path_factory.mktemp("tools-server"))
+    yield server
+    server.stop()
+
+
 def _metrics_server_fixture(name: str, model_fixture: str, doc: str) -> Callable[..., object]:
     """A module fixture serving the model `model_fixture` packs, its tritonserver exposing its
     metrics on a known port (for engine counters): yields (server, metrics port). Tests may

@@ -78,8 +78,8 @@ PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool 
 
 
 @pytest.fixture(scope="module")
-def server(tools_model: str, module_bento_launcher) -> BentoServer:
-    return module_bento_launcher(tools_model, wait=True)
+def server(tools_server: BentoServer) -> BentoServer:
+    return tools_server
 
 
 @pytest.fixture(scope="module")
