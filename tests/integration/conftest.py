@@ -42,15 +42,6 @@ def demo_model() -> str:
 
 
 @pytest.fixture(scope="session")
-def tools_model() -> str:
-    """The demo model with room for prompts that carry tool schemas (its small vocabulary spends
-    a token on every few characters of JSON)."""
-    return pack(
-        "--demo", "--name", "trtllm-demo-tools", "--max-input-len", "1024", "--max-seq-len", "1536"
-    )
-
-
-@pytest.fixture(scope="session")
 def synthetic_model() -> str:
     return pack("--synthetic", "--itl-ms", "2", "--max-input-len", "256", "--max-seq-len", "1024")
 
@@ -246,16 +237,6 @@ def bento_server_factory(tmp_path: Path) -> Iterator[Callable[..., BentoServer]]
 @pytest.fixture(scope="session")
 def demo_server(demo_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoServer]:
     server = start_bento_server(demo_model, tmp_path_factory.mktemp("demo-server"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def tools_server(
-    tools_model: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BentoServer]:
-    """One `bentoml serve` of tools_model, for the modules whose prompts carry tools."""
-    server = start_bento_server(tools_model, tmp_path_factory.mktemp("tools-server"))
     yield server
     server.stop()
 

@@ -20,7 +20,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import openai_client  # tests/integration/conftest.py
+from conftest import openai_client, pack  # tests/integration/conftest.py
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 120.0
-MODEL = "trtllm-demo-tools"  # the tools_model fixture's name
+MODEL = "trtllm-demo-clients"
 CITY = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
@@ -43,6 +43,17 @@ ONE_CALL = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls"
 class Forecast(BaseModel):
     sunny: bool
     sky: Literal["clear", "cloudy"]
+
+
+@pytest.fixture(scope="module")
+def clients_model() -> str:
+    """The demo model with room for prompts that carry tool schemas."""
+    return pack("--demo", "--name", MODEL, "--max-input-len", "1024", "--max-seq-len", "1536")
+
+
+@pytest.fixture(scope="module")
+def tools_server(clients_model: str, module_bento_launcher) -> BentoServer:
+    return module_bento_launcher(clients_model, wait=True)
 
 
 @pytest.fixture(scope="module")

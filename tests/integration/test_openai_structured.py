@@ -15,7 +15,7 @@ import bentoml
 import jsonschema
 import openai
 import pytest
-from conftest import openai_client  # tests/integration/conftest.py
+from conftest import openai_client, pack  # tests/integration/conftest.py
 from transformers import AutoTokenizer
 
 if TYPE_CHECKING:
@@ -78,8 +78,17 @@ PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool 
 
 
 @pytest.fixture(scope="module")
-def server(tools_server: BentoServer) -> BentoServer:
-    return tools_server
+def tools_model() -> str:
+    """The demo model with room for prompts that carry tool schemas (its small vocabulary spends
+    a token on every few characters of JSON)."""
+    return pack(
+        "--demo", "--name", "trtllm-demo-tools", "--max-input-len", "1024", "--max-seq-len", "1536"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tools_model: str, module_bento_launcher) -> BentoServer:
+    return module_bento_launcher(tools_model, wait=True)
 
 
 @pytest.fixture(scope="module")
