@@ -268,6 +268,7 @@ class StopStringMatcher:
         self._stops = sorted({s for s in stop_strings if s}, key=len)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that cut the text
 
     @property
     def active(self) -> bool:
@@ -287,6 +288,7 @@ class StopStringMatcher:
             index = buffer.find(stop)
             if index != -1 and (cut == -1 or index < cut):
                 cut = index
+                self.matched = stop
         if cut != -1:
             self._held = ""
             self.stopped = True

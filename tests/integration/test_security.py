@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anthropic
 import bentoml
 import httpx
 import openai
@@ -118,6 +119,16 @@ def test_clients_send_the_key(secured: BentoServer) -> None:
     wrong = openai.OpenAI(base_url=f"{secured.url}/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(secured: BentoServer) -> None:
+    api = anthropic.Anthropic(base_url=secured.url, api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    counted = api.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert counted.input_tokens > 0
+    wrong = anthropic.Anthropic(base_url=secured.url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        wrong.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["error"]["type"] == "authentication_error"
 
 
 def test_request_ids_are_unguessable(secured: BentoServer) -> None:
