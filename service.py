@@ -18,6 +18,7 @@ import bentoml
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from tensorrtllm_backend.serving.api_surface import root_app, v1_routes
 from tensorrtllm_backend.serving.apis import NATIVE_LABEL
 from tensorrtllm_backend.serving.deployment import (
     end_serving,
@@ -73,7 +74,7 @@ def _current_openai() -> OpenAIServing | None:
     return service.openai if service is not None else None
 
 
-openai_app = build_openai_app(_current_openai)
+openai_app = build_openai_app(_current_openai, v1_routes)
 
 
 @bentoml.asgi_app(openai_app, path="/v1")
@@ -109,6 +110,7 @@ class TRTLLM:
             self.runtime.served_model_name,
             self.runtime.settings.stream_interval,
             self.runtime.settings.tool_parser,
+            self.runtime.settings.reasoning_parser,
         )
 
     @bentoml.on_shutdown
@@ -185,6 +187,9 @@ class TRTLLM:
 
 TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
+# /tokenize and /detokenize at the root, as vLLM serves them (BentoML's mounts answer only the
+# paths their routes match, so the root stays BentoML's).
+TRTLLM.mount_asgi_app(root_app(_current_openai), path="/")
 
 
 def _triton_metrics_url() -> str | None:

@@ -112,10 +112,17 @@ class EngineInfo(PackedSummary):
     lora_enabled: bool = False
     engine_files: list[str] = Field(default_factory=list)
     cpu_mode: str | None = None
+    # Tokens per paged KV-cache block (plugin_config): reused blocks x this = cached tokens.
+    tokens_per_block: int | None = None
 
     @property
     def max_output_len(self) -> int:
         return self.max_seq_len - 1
+
+
+def _optional_int(section: dict[str, Any], key: str) -> int | None:
+    value = section.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _int(section: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -202,6 +209,7 @@ def _inspect_modern(
         lora_enabled=bool(plugins.get("lora_plugin")) or bool(lora_config.get("lora_dir")),
         engine_files=files,
         cpu_mode=cpu.get("mode") if isinstance(cpu, dict) else None,
+        tokens_per_block=_optional_int(plugins, "tokens_per_block"),
     )
 
 

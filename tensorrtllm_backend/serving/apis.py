@@ -20,6 +20,7 @@ class ErrorStyle(str, enum.Enum):
 
     NATIVE = "native"  # {"error": "<what to fix>"}
     OPENAI = "openai"  # OpenAI's error object: {"error": {"message", "type", "param", "code"}}
+    ANTHROPIC = "anthropic"  # Anthropic's: {"type": "error", "error": {"type", "message"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class API:
 NATIVE_LABEL = "native"
 COMPLETIONS_LABEL = "openai_completions"
 CHAT_LABEL = "openai_chat"
+RESPONSES_LABEL = "openai_responses"
+MESSAGES_LABEL = "anthropic_messages"
 
 APIS: tuple[API, ...] = (
     API("/generate", metrics_label=NATIVE_LABEL, generation=True, streams=True),
@@ -61,6 +64,31 @@ APIS: tuple[API, ...] = (
         streams=True,
     ),
     API("/v1/models", ErrorStyle.OPENAI),
+    API("/v1/models/{model_id:path}", ErrorStyle.OPENAI),
+    API(
+        "/v1/responses",
+        ErrorStyle.OPENAI,
+        metrics_label=RESPONSES_LABEL,
+        generation=True,
+        streams=True,
+    ),
+    *(
+        API(f"/v1/responses/{{response_id}}{action}", ErrorStyle.OPENAI)
+        for action in ("", "/cancel", "/input_items")
+    ),
+    API(
+        "/v1/messages",
+        ErrorStyle.ANTHROPIC,
+        metrics_label=MESSAGES_LABEL,
+        generation=True,
+        streams=True,
+    ),
+    API("/v1/messages/count_tokens", ErrorStyle.ANTHROPIC),
+    # vLLM's, at the root: a root app mounted on BentoML's (api_surface.py).
+    API("/tokenize", ErrorStyle.OPENAI),
+    API("/detokenize", ErrorStyle.OPENAI),
+    # Any other path under /v1: an error object, not BentoML's plain-text 404.
+    API("/v1/{path:path}", ErrorStyle.OPENAI),
     # BentoML's own endpoints and the optional relay of Triton's metrics.
     *(
         API(path, open=True)
@@ -78,6 +106,7 @@ APIS: tuple[API, ...] = (
 )
 
 OPENAI_PREFIX = "/v1"
+ANTHROPIC_PREFIX = "/v1/messages"
 # What a path that is not listed gets: the key and the body limit, native errors.
 UNLISTED = API("")
 
@@ -86,10 +115,13 @@ _BY_PATH = {api.path: api for api in APIS}
 
 def api_for(path: str) -> API:
     """The registry's entry for a request path (:data:`UNLISTED` when there is none; /v1 paths
-    that are not listed answer OpenAI error objects)."""
+    that are not listed, those with ids among them, answer OpenAI error objects, those under
+    /v1/messages Anthropic's)."""
     api = _BY_PATH.get(path)
     if api is not None:
         return api
+    if path.startswith(ANTHROPIC_PREFIX + "/"):
+        return API(path, ErrorStyle.ANTHROPIC)
     if path.startswith(OPENAI_PREFIX + "/"):
         return API(path, ErrorStyle.OPENAI)
     return UNLISTED

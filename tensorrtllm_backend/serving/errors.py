@@ -1,5 +1,5 @@
 """The one error mapper of every API: what went wrong → status, message, Retry-After → the
-error body of the API (native or OpenAI, :mod:`.apis`).
+error body of the API (native, OpenAI or Anthropic, :mod:`.apis`).
 
 - A client's mistake is a 4xx whose message says what to fix: :class:`RequestError` (400, 404,
   413, 422, naming the field), a body that fails a pydantic schema (400), a request nested too
@@ -10,7 +10,8 @@ error body of the API (native or OpenAI, :mod:`.apis`).
   same :data:`RETRY_AFTER_S`.
 - Anything else is a bug of the service: 500 with a request id, logged once with its traceback.
 
-Native APIs answer `{"error": "<what to fix>"}`, `/v1` OpenAI's error object. `/generate_text`
+Native APIs answer `{"error": "<what to fix>"}`, `/v1` OpenAI's error object (`/v1/messages`
+Anthropic's, `{"type": "error", "error": {...}}`). `/generate_text`
 and `/v1` return the response themselves. `/generate` is a stream, so it can only raise before
 its first chunk (:class:`APIError`), and BentoML renders what it raises in its own way (a 4xx body
 as a JSON list, a 5xx with its message replaced by "unexpected error"): :class:`NativeErrorMiddleware`
@@ -52,6 +53,16 @@ MAX_VALIDATION_BODY = 256 * 1024  # BentoML's validation answers are small; larg
 logger = logging.getLogger("bentoml.trtllm.errors")
 
 _KINDS = {401: "authentication_error", 429: "rate_limit_error"}
+# Anthropic's error types by status (its API answers 529 when overloaded; 503 here).
+_ANTHROPIC_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 _DICT_WORDS = re.compile(r"a valid dictionary( or instance of \w+)?")
 
 
@@ -139,6 +150,10 @@ def render(answer: ErrorAnswer, style: ErrorStyle) -> JSONResponse:
                 "code": answer.code,
             }
         }
+    elif style is ErrorStyle.ANTHROPIC:
+        kind = _ANTHROPIC_KINDS.get(answer.status, "api_error" if answer.status >= 500 else None)
+        body = {"type": "error", "error": {"type": kind or "invalid_request_error",
+                                           "message": answer.message}}  # fmt: skip
     else:
         body = {"error": answer.message}
     headers = {"Retry-After": str(RETRY_AFTER_S)} if answer.retry else None

@@ -42,10 +42,16 @@ class EngineLimits:
     max_seq_len: int
     max_beam_width: int = 1
     max_batch_size: int = 1
+    # A TensorRT-LLM engine's KV-cache block size (its reused blocks count cached prompt tokens).
+    tokens_per_block: int | None = None
 
     @classmethod
     def from_engine(cls, info: EngineInfo) -> EngineLimits:
-        return cls(info.max_input_len, info.max_seq_len, info.max_beam_width, info.max_batch_size)
+        per_block = info.tokens_per_block if info.kind == "tensorrt_llm" else None
+        return cls(
+            info.max_input_len, info.max_seq_len, info.max_beam_width, info.max_batch_size,
+            per_block,
+        )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -134,6 +140,7 @@ class Generator:
         self.limits = limits
         self.route = route
         self.path: EngineRoute = make_route(route, tokenizer)
+        self.path.tokens_per_block = limits.tokens_per_block
         self.model_name = self.path.model_name
 
     def prepare(
@@ -309,6 +316,7 @@ class Generator:
         failure: BaseException | None = None
         results = self._results(request)
         results_open = True
+        result: InferResult | None = None
         try:
             if not params.exclude_input_in_output:
                 for sequence in sequences:
@@ -336,8 +344,12 @@ class Generator:
                         results_open = False
                         break
             results_open = False  # exhausted, or handed over
+            # A request's last response tells how much of its prompt the engine's KV cache held.
+            cached = self.path.cached_tokens(result) if result is not None else 0
             for sequence in sequences:
-                yield sequence.last_chunk(params.max_tokens)
+                chunk = sequence.last_chunk(params.max_tokens)
+                chunk.cached_tokens = cached
+                yield chunk
             if tracker is not None:
                 tracker.finish = sequences[0].finish_reason.value
         except BaseException as error:
@@ -439,6 +451,7 @@ class Generator:
             for index in range(request.params.num_return_sequences)
         ]
         texts: list[list[str]] = [[] for _ in sequences]
+        cached = 0
         async with aclosing(self.stream(request)) as chunks:
             async for chunk in chunks:
                 sequence = sequences[chunk.index]
@@ -451,9 +464,10 @@ class Generator:
                     sequence.top_log_probs.extend(chunk.top_log_probs)
                 if chunk.finish_reason is not None:
                     sequence.finish_reason = chunk.finish_reason
+                    cached = chunk.cached_tokens
         for sequence, text in zip(sequences, texts, strict=True):
             sequence.text = "".join(text)
-        return GenerationResult(len(request.prompt_ids), sequences)
+        return GenerationResult(len(request.prompt_ids), sequences, cached)
 
 
 class _Sequence:
@@ -485,5 +499,9 @@ class _Sequence:
         if not self.stopped and reason is not None:
             self.finish_reason = reason
         return GenerationChunk(
-            tail, token_count=count, finish_reason=self.finish_reason, index=self.index
+            tail,
+            token_count=count,
+            finish_reason=self.finish_reason,
+            index=self.index,
+            stop=self.stops.matched,
         )

@@ -3,7 +3,7 @@ generations run at once, and how long a request lives.
 
 For each request, in this order (what each API gets is read from the registry, :mod:`.apis`):
 
-1. the optional API key (401);
+1. the optional API key (401), as a bearer token or as `x-api-key` (Anthropic's clients);
 2. the body limit, TRTLLM_MAX_REQUEST_BYTES, on the declared Content-Length (413 at once);
 3. the bound on generation requests in flight, TRTLLM_MAX_IN_FLIGHT (429 + Retry-After instead
    of an unbounded queue);
@@ -38,6 +38,7 @@ class GuardMiddleware:
         self.settings = settings or load_settings()
         key = self.settings.api_key
         self._expected = f"Bearer {key.get_secret_value()}".encode() if key else None
+        self._key = key.get_secret_value().encode() if key else None
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -49,14 +50,14 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if self._expected is not None:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                answer = ErrorAnswer(
-                    401, "missing or wrong API key: send 'Authorization: Bearer <key>'"
-                )
-                await _reject(scope, receive, send, api, answer, {"WWW-Authenticate": "Bearer"})
-                return
+        if self._expected is not None and not self._authorized(headers):
+            answer = ErrorAnswer(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' or "
+                "'x-api-key: <key>'",
+            )
+            await _reject(scope, receive, send, api, answer, {"WWW-Authenticate": "Bearer"})
+            return
         limit = self.settings.max_request_bytes
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -75,6 +76,12 @@ class GuardMiddleware:
             await self._admitted(scope, receive, send, api)
         finally:
             self.in_flight -= 1
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        """The key as OpenAI clients send it (a bearer token) or as Anthropic's do (x-api-key)."""
+        assert self._expected is not None and self._key is not None
+        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+        return bearer or hmac.compare_digest(headers.get(b"x-api-key", b""), self._key)
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send, api: API) -> None:
         body = await _read_body(receive, self.settings.max_request_bytes)

@@ -151,10 +151,15 @@ class GenerateRequest(SamplingParams):
         return prompt
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # found in the engine's KV cache (0 where the engine cannot tell)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # the OpenAI APIs report it
 
 
 class TopLogProb(BaseModel):
@@ -208,6 +213,8 @@ class GenerationChunk:
     # count Triton responses (one per step) and their token_ids are the re-encoded text.
     token_count: int = 0
     index: int = 0  # which sequence (num_return_sequences > 1)
+    stop: str | None = None  # on the last chunk: the stop string the sequence ended at
+    cached_tokens: int = 0  # on the last chunk: prompt tokens found in the KV cache (0: unknown)
 
 
 @dataclass(slots=True)
@@ -246,6 +253,7 @@ class GenerationResult:
 
     prompt_tokens: int
     sequences: list[SequenceResult]
+    cached_tokens: int = 0  # prompt tokens the engine found in its KV cache (0: it cannot tell)
 
     @property
     def completion_tokens(self) -> int:

@@ -147,10 +147,11 @@ def default_python_paths() -> list[str]:
     return [*_site_packages(), str(PROJECT_ROOT)]
 
 
-# Triton's APIs that change the server or read its internals: model load / unload / index,
-# shared-memory registration, log, trace and statistics. Health, metadata, model config and
-# inference stay open: the service and its readiness check use them.
-RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
+# Triton's APIs that change the server: model load / unload / index, shared-memory registration,
+# log and trace settings. Health, metadata, model config, statistics (read-only counters, as on
+# the metrics port) and inference stay open: the service, its readiness check and monitoring use
+# them.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 CONTROL_HEADER = "trtllm-triton-control"
 # tritonserver prefixes the header a restricted gRPC protocol expects with this.
 GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anthropic
 import bentoml
 import httpx
 import openai
@@ -120,6 +121,16 @@ def test_clients_send_the_key(secured: BentoServer) -> None:
         wrong.models.list()
 
 
+def test_anthropic_clients_send_the_key_as_x_api_key(secured: BentoServer) -> None:
+    api = anthropic.Anthropic(base_url=secured.url, api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    counted = api.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert counted.input_tokens > 0
+    wrong = anthropic.Anthropic(base_url=secured.url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        wrong.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["error"]["type"] == "authentication_error"
+
+
 def test_request_ids_are_unguessable(secured: BentoServer) -> None:
     api = openai.OpenAI(base_url=f"{secured.url}/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
     ids = [api.completions.create(model=MODEL, prompt="hi", max_tokens=1).id for _ in range(4)]
@@ -211,7 +222,6 @@ def throwaway_triton(tmp_path_factory: pytest.TempPathFactory):
 RESTRICTED_HTTP = [
     ("POST", "/v2/repository/index"),
     ("POST", "/v2/repository/models/echo/load"),
-    ("GET", "/v2/models/stats"),
     ("GET", "/v2/logging"),
     ("GET", "/v2/trace/setting"),
     ("GET", "/v2/systemsharedmemory/status"),
@@ -238,6 +248,7 @@ def test_inference_health_and_metadata_stay_open(throwaway_triton) -> None:
         "/v2/health/live",
         "/v2/models/echo",
         "/v2/models/echo/config",
+        "/v2/models/echo/stats",
     ):
         assert httpx.get(http + path, timeout=TIMEOUT).status_code == 200, path
     assert echo(throwaway_triton.grpc_url, [1.0, 2.5]) == [2.0, 5.0]

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend.python_models import stub_settings
+from tensorrtllm_backend.serving.openai_api.reasoning import REASONING_FORMATS
 from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
 from tensorrtllm_backend.settings import (
     BACKEND_PYTHONPATH_ENV,
     PREFIX,
     STUB_VARIABLES,
+    ReasoningParserName,
     Settings,
     ToolParserName,
     env_name,
@@ -44,6 +46,10 @@ def test_the_stubs_read_what_the_settings_list() -> None:
 
 def test_the_tool_parser_names_are_the_parsers() -> None:
     assert set(ToolParserName.__args__) == {*FORMATS, "none"}
+
+
+def test_the_reasoning_parser_names_are_the_formats() -> None:
+    assert set(ReasoningParserName.__args__) == {*REASONING_FORMATS, "none"}
 
 
 @pytest.mark.parametrize(

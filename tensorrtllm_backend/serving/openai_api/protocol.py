@@ -9,6 +9,7 @@ define are accepted, and the route logs each such name once (`unknown_fields`,
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -51,12 +52,22 @@ UNSUPPORTED_FIELDS = {
     "prediction": "predicted outputs (prediction) are not supported",
     "web_search_options": "web search is not supported",
     "reasoning_effort": "reasoning_effort is not supported by this model",
-    "best_of": "best_of is not supported: ask for n sequences and pick one",
+    "best_of": "best_of is a /v1/completions field: ask for n sequences and pick one",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Where a streamed answer reports its usage (from stream_options)."""
+
+    final: bool = False  # include_usage: a last chunk with the totals
+    continuous: bool = False  # continuous_usage_stats: every chunk with the usage so far
 
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    # vLLM's extension: usage so far in every chunk (with include_usage).
+    continuous_usage_stats: bool = False
 
 
 # --- response_format and vLLM's guided_* --------------------------------------------------------
@@ -130,12 +141,22 @@ class _SamplingFields(OpenAIModel):
         extra = self.model_extra or {}
         for name, reason in UNSUPPORTED_FIELDS.items():
             value = extra.get(name)
-            neutral = value in (None, {}, [], False) or (name == "best_of" and value in (1, self.n))
+            neutral = value in (None, {}, [], False) or (name == "best_of" and value == self.n)
             if not neutral:
                 return name, reason
         if extra.get("modalities") not in (None, ["text"]):
             return "modalities", 'only text output is supported: send modalities ["text"] or none'
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed with stream: true"
         return None
+
+    def usage_report(self) -> UsageReport:
+        """Where a streamed answer reports usage: continuous_usage_stats counts with
+        include_usage only, as in vLLM."""
+        options = self.stream_options
+        if options is None or not options.include_usage:
+            return UsageReport()
+        return UsageReport(final=True, continuous=options.continuous_usage_stats)
 
 
 class CompletionRequest(_SamplingFields):
@@ -143,6 +164,13 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None
+    # Sequences generated to answer the n most likely (by cumulative log probability).
+    best_of: int | None = Field(None, ge=1)
+
+    @property
+    def candidates(self) -> int:
+        """Sequences to generate: best_of, or n."""
+        return self.best_of or self.n
 
     @field_validator("prompt")
     @classmethod
@@ -184,6 +212,16 @@ class NamedToolChoice(OpenAIModel):
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
+# Arguments of transformers' apply_chat_template that the service sets itself.
+RENDERING_ARGUMENTS = frozenset(
+    {
+        "conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+        "add_generation_prompt", "continue_final_message", "padding", "truncation",
+        "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)  # fmt: skip
+
 
 class ToolCallFunction(OpenAIModel):
     name: str
@@ -207,6 +245,9 @@ class ChatMessage(OpenAIModel):
     annotations: list[dict[str, Any]] | None = None
     audio: dict[str, Any] | None = None
     function_call: dict[str, Any] | None = None
+    # An assistant message's thinking, as answers carry it (vLLM's names, old and new).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _tool_fields_fit_the_role(self) -> ChatMessage:
@@ -238,6 +279,19 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Variables of the chat template, e.g. {"enable_thinking": false} (vLLM's extension).
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(kwargs or ()) & RENDERING_ARGUMENTS)
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} cannot be set through chat_template_kwargs: they are "
+                "arguments of the rendering, not variables of the template"
+            )
+        return kwargs
 
 
 # --- responses ------------------------------------------------------------------------------------
@@ -263,6 +317,10 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    # The thinking of a reasoning model (`reasoning_content` as trtllm-serve and SGLang name
+    # it, `reasoning` as vLLM does).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(BaseModel):

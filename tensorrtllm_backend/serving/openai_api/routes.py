@@ -1,9 +1,11 @@
 """The `/v1` ASGI app (Starlette) that the BentoML service mounts.
 
-Errors are OpenAI error objects with proper status codes (the one mapper, :mod:`..errors`); a
-request body that is not valid JSON or not a valid request is a 400 that names the field. The
-guard in front has already checked the body's size (:mod:`..guard`); a large body is parsed
-off the event loop.
+Errors are the error objects of each API's style with proper status codes (the one mapper,
+:mod:`..errors`, reading the registry, :mod:`..apis`); a request body that is not valid JSON or
+not a valid request is a 400 that names the field. The guard in front has already checked the
+body's size (:mod:`..guard`); a large body is parsed off the event loop. :class:`Endpoints`
+holds what every route shares, the ones of the other APIs under /v1 (:mod:`..api_surface`)
+included; unknown paths and methods under /v1 answer error objects too.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pydantic_core
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match, Route
 
 from ...common.engine_api import EngineError, EngineUnavailableError
 from ..errors import answer_for, error_response
@@ -38,6 +40,8 @@ from .streams import sse
 logger = logging.getLogger(__name__)
 
 ServingProvider = Callable[[], OpenAIServing | None]
+Endpoint = Callable[[Request], Awaitable[Response]]
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _INDEX = re.compile(r"\[\d+\]")
 
 
@@ -96,28 +100,34 @@ def _validate(body: bytes, model: type[BaseModel]) -> tuple[BaseModel, list[str]
     return parsed, unknown_fields(parsed)
 
 
-def build_openai_app(get_serving: ServingProvider) -> Starlette:
-    """Routes for `/v1`; `get_serving` returns None while the service is not ready (503)."""
-    unknown_log = UnknownFieldLog()
+class Endpoints:
+    """What the routes of the OpenAI adapter, and of the APIs served over it, share: the serving
+    object (503 while the model loads), request bodies parsed off the event loop when large with
+    unknown fields logged once, and errors answered in the style the registry gives the path."""
 
-    def serving() -> OpenAIServing:
-        current = get_serving()
+    def __init__(self, get_serving: ServingProvider) -> None:
+        """`get_serving` returns None while the service is not ready."""
+        self._get_serving = get_serving
+        self._unknown_log = UnknownFieldLog()
+
+    def serving(self) -> OpenAIServing:
+        current = self._get_serving()
         if current is None:
             raise EngineUnavailableError("the model is still loading")
         return current
 
     async def parse(
-        request: Request, server: OpenAIServing, model: type[BaseModel]
+        self, request: Request, server: OpenAIServing, model: type[BaseModel]
     ) -> tuple[BaseModel, int]:
+        """The request's body as `model`, and its size in bytes."""
         body = await request.body()
         parsed, unknown = await server.generator.offloader.run(len(body), _validate, body, model)
         if unknown:
-            unknown_log.note(request.url.path, unknown)
+            self._unknown_log.note(request.url.path, unknown)
         return parsed, len(body)
 
-    def handler(
-        body: Callable[[Request], Awaitable[Response]],
-    ) -> Callable[[Request], Awaitable[Response]]:
+    @staticmethod
+    def handler(body: Endpoint) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             try:
                 return await body(request)
@@ -126,15 +136,47 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
 
         return endpoint
 
+
+async def _no_route(request: Request) -> Response:
+    """Unknown paths and methods under /v1 answer error objects, not plain text: a catch-all
+    route (BentoML's mount sends a path here only when a route of the app matches it)."""
+    partial = [
+        route
+        for route in request.app.router.routes
+        if route.matches(request.scope)[0] is Match.PARTIAL
+    ]
+    path = request.url.path
+    if partial:
+        response = error_response(
+            OpenAIError(f"{request.method} is not allowed on {path}", 405), path
+        )
+        response.headers["Allow"] = ", ".join(
+            sorted({method for route in partial for method in route.methods or ()})
+        )
+        return response
+    message = f"{path} does not exist here (see docs/api.md for the routes)"
+    return error_response(OpenAIError(message, 404), path)
+
+
+def build_openai_app(
+    get_serving: ServingProvider,
+    extra_routes: Callable[[Endpoints], Sequence[BaseRoute]] | None = None,
+) -> Starlette:
+    """Routes for `/v1`; `get_serving` returns None while the service is not ready (503).
+    `extra_routes`: the routes of the other APIs served under /v1 (:mod:`..api_surface`)."""
+    endpoints = Endpoints(get_serving)
+    serving, parse, handler = endpoints.serving, endpoints.parse, endpoints.handler
+
     async def completions(request: Request) -> Response:
         server = serving()
         parsed, size = await parse(request, server, CompletionRequest)
         assert isinstance(parsed, CompletionRequest)
         prepared = await server.prepare_completion(parsed, size)
         if parsed.stream:
-            events = server.stream_completion(prepared, _include_usage(parsed))
+            events = server.stream_completion(prepared, parsed.usage_report())
             return await _streaming_response(events, server.stream_interval)
-        return JSONResponse((await server.complete(prepared)).model_dump(exclude_none=True))
+        response = await server.complete(prepared, parsed)
+        return JSONResponse(response.model_dump(exclude_none=True))
 
     async def chat_completions(request: Request) -> Response:
         server = serving()
@@ -142,7 +184,7 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         assert isinstance(parsed, ChatCompletionRequest)
         prepared, plan = await server.prepare_chat(parsed, size)
         if parsed.stream:
-            events = server.stream_chat(prepared, _include_usage(parsed), plan)
+            events = server.stream_chat(prepared, parsed.usage_report(), plan)
             return await _streaming_response(events, server.stream_interval)
         return JSONResponse((await server.chat(prepared, plan)).to_json())
 
@@ -152,17 +194,23 @@ def build_openai_app(get_serving: ServingProvider) -> Starlette:
         cards = [ModelCard(id=name, created=now) for name in server.model_names()]
         return JSONResponse(ModelList(data=cards).model_dump())
 
+    async def model(request: Request) -> Response:
+        server = serving()
+        name = str(request.path_params["model_id"])
+        if name not in server.model_names():
+            raise server.unknown_model(name)
+        return JSONResponse(ModelCard(id=name, created=int(time.time())).model_dump())
+
     return Starlette(
         routes=[
             Route("/completions", handler(completions), methods=["POST"]),
             Route("/chat/completions", handler(chat_completions), methods=["POST"]),
             Route("/models", handler(models), methods=["GET"]),
+            Route("/models/{model_id:path}", handler(model), methods=["GET"]),
+            *(extra_routes(endpoints) if extra_routes is not None else ()),
+            Route("/{path:path}", _no_route, methods=ALL_METHODS),
         ]
     )
-
-
-def _include_usage(request: CompletionRequest | ChatCompletionRequest) -> bool:
-    return bool(request.stream_options and request.stream_options.include_usage)
 
 
 async def _streaming_response(events: AsyncIterator[str], interval: int) -> StreamingResponse:

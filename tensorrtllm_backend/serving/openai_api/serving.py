@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from ...common.guides import GuideError
 from ..apis import CHAT_LABEL, COMPLETIONS_LABEL
 from ..generation import Generator, PreparedRequest, new_request_id
 from ..request_errors import RequestError
@@ -20,6 +21,7 @@ from ..schemas import (
     SamplingParams,
     SequenceResult,
 )
+from .answers import ChatPlan, ReasoningPlan, read_answer
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -29,10 +31,12 @@ from .protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from .reasoning import reasoning_format
+from .reasoning_guides import guide_after_reasoning
 from .response_format import FormatError, OutputConstraint, output_constraint
 from .streams import StreamingServing, call_finish_reason, finish_reason
 from .tool_parsers import FORMATS, detect_format
-from .tools import ToolError, ToolPlan, extract_calls, history_message, plan_tools
+from .tools import ToolError, ToolPlan, history_message, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 OPENAI_DEFAULT_TEMPERATURE = 1.0  # OpenAI samples when temperature is not given
@@ -68,9 +72,11 @@ class OpenAIServing(StreamingServing):
         model_name: str,
         stream_interval: int = 1,
         tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         """`tool_parser`: the model's tool-call format by name (TRTLLM_TOOL_PARSER); None: read
-        from its chat template; "none": no tool calls are parsed."""
+        from its chat template; "none": no tool calls are parsed. `reasoning_parser` likewise
+        names how the model marks its thinking (TRTLLM_REASONING_PARSER)."""
         self.generator = generator
         self.model_name = model_name
         self.stream_interval = stream_interval  # SSE events per HTTP message after the first
@@ -81,8 +87,13 @@ class OpenAIServing(StreamingServing):
             self.tool_format = detect_format(template)
         else:
             self.tool_format = None if tool_parser == "none" else FORMATS[tool_parser]
+        self.reasoning_format = reasoning_format(reasoning_parser, template)
 
     # -- request translation --------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text as the model sees it (no special tokens added)."""
+        return len(self.generator.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
     def model_names(self) -> list[str]:
         """The base model, then its LoRA adapters (a request names one as its `model`)."""
         return [self.model_name, *self.generator.loras.names()]
@@ -93,8 +104,12 @@ class OpenAIServing(StreamingServing):
             return None
         if request.model in self.generator.loras.names():
             return request.model
-        raise OpenAIError(
-            f"model {request.model!r} does not exist here; this server serves "
+        raise self.unknown_model(request.model)
+
+    def unknown_model(self, name: str) -> OpenAIError:
+        """The 404 for a model name this server does not serve."""
+        return OpenAIError(
+            f"model {name!r} does not exist here; this server serves "
             f"{', '.join(repr(n) for n in self.model_names())} (GET /v1/models)",
             404, "invalid_request_error", "model", "model_not_found",
         )  # fmt: skip
@@ -176,20 +191,45 @@ class OpenAIServing(StreamingServing):
         self._check_common(request)
         if request.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
+        candidates = request.candidates
+        self._check_best_of(request, candidates)
         constraint = _constraint(request)
         guide = constraint.guide if constraint else None
+        # best_of ranks the sequences by their log probs: the engine returns them.
         params = self._sampling(
-            request, request.logprobs is not None, guide, top_log_probs=request.logprobs or 0
+            request,
+            request.logprobs is not None or candidates > request.n,
+            guide,
+            top_log_probs=request.logprobs or 0,
         )
+        if candidates > request.n:
+            params = params.model_copy(update={"num_return_sequences": candidates})
         if request.echo:
             params = params.model_copy(update={"exclude_input_in_output": False})
         param = constraint.param if constraint else None
         prompt: str = request.prompt  # type: ignore[assignment]
         return await self._prepare(request, prompt, params, param, COMPLETIONS_LABEL, size)
 
+    @staticmethod
+    def _check_best_of(request: CompletionRequest, candidates: int) -> None:
+        if candidates < request.n:
+            raise OpenAIError(
+                f"best_of {candidates} is smaller than n {request.n}: it must be at least n",
+                param="best_of",
+            )
+        if candidates > MAX_RETURN_SEQUENCES:
+            raise OpenAIError(f"best_of is at most {MAX_RETURN_SEQUENCES} here", param="best_of")
+        if candidates > request.n and request.stream:
+            raise OpenAIError(
+                "best_of cannot be streamed: the best sequences are known only at the end "
+                "(send stream false, or best_of equal to n)",
+                param="best_of",
+            )
+
     def render_chat(self, request: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         """The prompt of a chat request, by the model's chat template (blocking, in proportion
-        to the messages and tools: :meth:`prepare_chat` runs it off the loop when large).
+        to the messages and tools: :meth:`prepare_chat` runs it off the loop when large);
+        `chat_template_kwargs` (e.g. enable_thinking) are the template's own variables.
 
         The messages' own faults (a content part that is not text, tool-call arguments that are
         not JSON) and the template's refusals (jinja2's raise_exception: "roles must
@@ -216,6 +256,7 @@ class OpenAIServing(StreamingServing):
                     tools=tools,
                     tokenize=False,
                     add_generation_prompt=request.add_generation_prompt,
+                    **(request.chat_template_kwargs or {}),
                 )
             )
         except jinja2.TemplateSyntaxError:
@@ -233,10 +274,11 @@ class OpenAIServing(StreamingServing):
             raise OpenAIError(str(error), param=error.param) from None
 
     async def prepare_chat(
-        self, request: ChatCompletionRequest, size: int = 0
-    ) -> tuple[PreparedRequest, ToolPlan]:
-        """The core request and the tool plan its answer is read back with (`size`: the request
-        body's bytes; a large request's tools and template are handled off the event loop)."""
+        self, request: ChatCompletionRequest, size: int = 0, api: str = CHAT_LABEL
+    ) -> tuple[PreparedRequest, ChatPlan]:
+        """The core request and the plan its answer is read back with (tools, reasoning);
+        `size`: the request body's bytes (a large request's tools and template are handled off
+        the event loop); `api`: the metrics label of the API the request came from."""
         self._check_common(request)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs")
@@ -254,25 +296,59 @@ class OpenAIServing(StreamingServing):
         elif constraint is not None and plan.parses_calls:
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
         prompt = await self.generator.offloader.run(size, self.render_chat, request, plan)
+        reasoning = self._reasoning(prompt)
+        if (
+            guide is not None
+            and reasoning is not None
+            and self.generator.guides_unsupported is None
+        ):
+            guide = self._guide_after_reasoning(guide, reasoning, guide_param)
         params = self._sampling(request, request.logprobs, guide, request.top_logprobs or 0)
         # The template already holds the special tokens (BOS) the model expects.
         prepared = await self._prepare(
-            request, prompt, params, guide_param, CHAT_LABEL, size,
+            request, prompt, params, guide_param, api, size,
             add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP,
         )  # fmt: skip
-        return prepared, plan
+        return prepared, ChatPlan(plan, reasoning)
+
+    def _reasoning(self, prompt: str) -> ReasoningPlan | None:
+        """How the answer to a rendered chat begins, for a model that thinks."""
+        if self.reasoning_format is None:
+            return None
+        return ReasoningPlan(self.reasoning_format, self.reasoning_format.opening(prompt))
+
+    @staticmethod
+    def _guide_after_reasoning(
+        guide: GuidedDecoding, reasoning: ReasoningPlan, param: str | None
+    ) -> GuidedDecoding:
+        """The request's guide enforced on the answer only, after the thinking."""
+        try:
+            return guide_after_reasoning(guide, reasoning.fmt, reasoning.opening)
+        except GuideError as error:
+            raise OpenAIError(str(error), param=param) from None
 
     # -- running -----------------------------------------------------------------------------
-    async def complete(self, prepared: PreparedRequest) -> CompletionResponse:
+    async def complete(
+        self, prepared: PreparedRequest, request: CompletionRequest | None = None
+    ) -> CompletionResponse:
+        """The whole answer; with `request`, its best_of: the n sequences of highest cumulative
+        log probability among those generated (usage counts every one)."""
         result = await self.generator.collect(prepared)
         return await self.generator.offloader.run(
-            result.render_size, self._completion_response, prepared, result
+            result.render_size, self._completion_response, prepared, result, request
         )
 
     def _completion_response(
-        self, prepared: PreparedRequest, result: GenerationResult
+        self,
+        prepared: PreparedRequest,
+        result: GenerationResult,
+        request: CompletionRequest | None,
     ) -> CompletionResponse:
         want = prepared.params.return_log_probs
+        sequences = result.sequences
+        if request is not None:
+            want = request.logprobs is not None
+            sequences = best_sequences(sequences, request.n)
         # text_offset counts from the start of the choice's text, which echo begins with the prompt
         offset = 0 if prepared.params.exclude_input_in_output else len(prepared.prompt)
         return CompletionResponse(
@@ -280,20 +356,20 @@ class OpenAIServing(StreamingServing):
             model=self.model_name,
             choices=[
                 CompletionChoice(
-                    index=sequence.index,
+                    index=position,
                     text=sequence.text,
                     finish_reason=finish_reason(sequence.finish_reason),
                     logprobs=self._sequence_log_probs(sequence).completion(offset)
                     if want
                     else None,
                 )
-                for sequence in result.sequences
+                for position, sequence in enumerate(sequences)
             ],
-            usage=self._usage(prepared, result.completion_tokens),
+            usage=self._usage(prepared, result.completion_tokens, result.cached_tokens),
         )
 
     async def chat(
-        self, prepared: PreparedRequest, plan: ToolPlan | None = None
+        self, prepared: PreparedRequest, plan: ChatPlan | None = None
     ) -> ChatCompletionResponse:
         result = await self.generator.collect(prepared)
         return await self.generator.offloader.run(
@@ -301,31 +377,49 @@ class OpenAIServing(StreamingServing):
         )
 
     def _chat_response(
-        self, prepared: PreparedRequest, result: GenerationResult, plan: ToolPlan | None
+        self, prepared: PreparedRequest, result: GenerationResult, plan: ChatPlan | None
     ) -> ChatCompletionResponse:
         want = prepared.params.return_log_probs
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
             choices=[self._chat_choice(sequence, want, plan) for sequence in result.sequences],
-            usage=self._usage(prepared, result.completion_tokens),
+            usage=self._usage(prepared, result.completion_tokens, result.cached_tokens),
         )
 
     def _chat_choice(
-        self, sequence: SequenceResult, want_log_probs: bool, plan: ToolPlan | None
+        self, sequence: SequenceResult, want_log_probs: bool, plan: ChatPlan | None
     ) -> ChatChoice:
         finish = finish_reason(sequence.finish_reason)
         message = AssistantMessage(content=sequence.text)
-        if plan is not None and plan.parses_calls:
-            calls = extract_calls(plan, sequence.text)
-            message = AssistantMessage(content=calls.content, tool_calls=calls.tool_calls or None)
-            finish = call_finish_reason(finish, bool(calls.tool_calls))
+        if plan is not None and plan.reads_text:
+            answer = read_answer(plan, sequence.text)
+            message = AssistantMessage(
+                content=answer.content,
+                tool_calls=answer.tool_calls or None,
+                reasoning_content=answer.reasoning,
+                reasoning=answer.reasoning,
+            )
+            finish = call_finish_reason(finish, bool(answer.tool_calls))
         return ChatChoice(
             index=sequence.index,
             message=message,
             finish_reason=finish,
             logprobs=self._sequence_log_probs(sequence).chat() if want_log_probs else None,
         )
+
+
+def best_sequences(sequences: list[SequenceResult], n: int) -> list[SequenceResult]:
+    """The n sequences of highest cumulative log probability, best first (all of them, in
+    order, when there are no more than n)."""
+    if len(sequences) <= n:
+        return sequences
+    ranked = sorted(
+        sequences,
+        key=lambda sequence: sequence.cum_log_prob if sequence.cum_log_prob is not None else -1e30,
+        reverse=True,
+    )
+    return ranked[:n]
 
 
 def _constraint(request: CompletionRequest | ChatCompletionRequest) -> OutputConstraint | None:

@@ -17,10 +17,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest
-from ..schemas import FinishReason, SequenceResult, TopLogProbs
-from .protocol import Usage
-from .tool_stream import ToolStream
-from .tools import ToolPlan
+from ..schemas import FinishReason, PromptTokensDetails, SequenceResult, TopLogProbs
+from .answers import ChatPlan
+from .protocol import Usage, UsageReport
+from .tool_stream import ChatDeltas
 
 _json = json.dumps
 
@@ -54,6 +54,7 @@ class _Event:
     log_probs: list[float]
     top: list[TopLogProbs]
     token_count: int
+    cached_tokens: int = 0  # of the prompt, on a sequence's last event
 
     @classmethod
     def empty(cls, index: int) -> _Event:
@@ -127,12 +128,14 @@ class StreamingServing:
     generator: Generator
     model_name: str
 
-    def _usage(self, prepared: PreparedRequest, completion_tokens: int) -> Usage:
+    def _usage(self, prepared: PreparedRequest, completion_tokens: int, cached: int = 0) -> Usage:
+        """Usage; `cached`: prompt tokens the engine found in its KV cache (0: it cannot tell)."""
         prompt = len(prepared.prompt_ids)
         return Usage(
             prompt_tokens=prompt,
             completion_tokens=completion_tokens,
             total_tokens=prompt + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
     def _log_probs(
@@ -162,14 +165,16 @@ class StreamingServing:
                 event.token_count += chunk.token_count
                 if chunk.text or chunk.finish_reason is not None:
                     event.text, event.finish_reason = chunk.text, finish_reason(chunk.finish_reason)
+                    event.cached_tokens = chunk.cached_tokens
                     yield event
                     pending[chunk.index] = _Event.empty(chunk.index)
 
     async def _stream(
-        self, prepared: PreparedRequest, include_usage: bool, chat: bool, render: _Render
+        self, prepared: PreparedRequest, usage: UsageReport, chat: bool, render: _Render
     ) -> AsyncIterator[str]:
         """The SSE events of one streamed answer, chat or completion: `render` turns each event
-        (with its log probs, when asked for) into chunk events; usage and [DONE] follow."""
+        (with its log probs, when asked for) into chunk events; usage (in every chunk too, when
+        continuous) and [DONE] follow."""
         if chat:
             out = _ChunkEvents(
                 "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
@@ -182,10 +187,11 @@ class StreamingServing:
         offsets = [0 if params.exclude_input_in_output else len(prepared.prompt)] * (
             params.num_return_sequences
         )
-        completion_tokens = 0
+        completion_tokens = cached = 0
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
                 completion_tokens += event.token_count
+                cached = max(cached, event.cached_tokens)
                 logprobs = None
                 if want and event.token_ids:
                     found = self._log_probs(
@@ -197,13 +203,16 @@ class StreamingServing:
                         logprobs = found.completion(offsets[event.index])
                         offsets[event.index] += sum(len(token) for token in found.tokens)
                 for chunk in render(out, event, logprobs):
+                    if usage.continuous:
+                        so_far = self._usage(prepared, completion_tokens, cached)
+                        chunk = out.with_usage(chunk, so_far)
                     yield chunk
-        if include_usage:
-            yield out.usage(self._usage(prepared, completion_tokens))
+        if usage.final:
+            yield out.usage(self._usage(prepared, completion_tokens, cached))
         yield SSE_DONE
 
     def stream_completion(
-        self, prepared: PreparedRequest, include_usage: bool
+        self, prepared: PreparedRequest, usage: UsageReport
     ) -> AsyncIterator[str]:
         def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
             return [
@@ -214,13 +223,13 @@ class StreamingServing:
                 )
             ]
 
-        return self._stream(prepared, include_usage, False, render)
+        return self._stream(prepared, usage, False, render)
 
     def stream_chat(
-        self, prepared: PreparedRequest, include_usage: bool, plan: ToolPlan | None = None
+        self, prepared: PreparedRequest, usage: UsageReport, plan: ChatPlan | None = None
     ) -> AsyncIterator[str]:
-        if plan is not None and plan.parses_calls:
-            return self._stream(prepared, include_usage, True, _ToolCallChunks(plan))
+        if plan is not None and plan.reads_text:
+            return self._stream(prepared, usage, True, _AnswerChunks(plan))
         role_sent: set[int] = set()
 
         def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
@@ -237,25 +246,25 @@ class StreamingServing:
             )
             return chunks
 
-        return self._stream(prepared, include_usage, True, render)
+        return self._stream(prepared, usage, True, render)
 
 
 _ROLE_DELTA = '"delta":{"role":"assistant","content":""},"finish_reason":null'
 
 
-class _ToolCallChunks:
-    """Chat chunks of answers that may call tools: each sequence's text goes through its
-    tool-call extractor, whose deltas are sent as they become certain."""
+class _AnswerChunks:
+    """Chat chunks of answers that need reading (reasoning, tool calls): each sequence's text
+    goes through its answer reader, whose deltas are sent as they become certain."""
 
-    def __init__(self, plan: ToolPlan) -> None:
+    def __init__(self, plan: ChatPlan) -> None:
         self._plan = plan
-        self._streams: dict[int, ToolStream] = {}
+        self._streams: dict[int, ChatDeltas] = {}
 
     def __call__(self, out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
         chunks = []
         stream = self._streams.get(event.index)
         if stream is None:
-            stream = self._streams[event.index] = ToolStream(self._plan.parser())
+            stream = self._streams[event.index] = ChatDeltas(self._plan.reader())
             chunks.append(out.choice(event.index, _ROLE_DELTA))
         final = event.finish_reason is not None
         deltas = stream.deltas(event.text, final)
@@ -291,3 +300,8 @@ class _ChunkEvents:
 
     def usage(self, usage: Usage) -> str:
         return f'{self._head}],"usage":{usage.model_dump_json()}}}\n\n'
+
+    @staticmethod
+    def with_usage(chunk: str, usage: Usage) -> str:
+        """A chunk event of :meth:`choice` with the usage so far added."""
+        return f'{chunk[:-3]},"usage":{usage.model_dump_json()}}}\n\n'

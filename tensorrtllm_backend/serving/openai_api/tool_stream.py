@@ -1,6 +1,8 @@
-"""Streamed chat deltas of a sequence that may call tools, in OpenAI's chunk shape.
+"""Streamed chat deltas of a sequence read by an :class:`~.answers.AnswerReader`, in OpenAI's
+chunk shape.
 
-A call's first delta carries its index, id, type and name (with empty arguments); later deltas
+Thinking goes out as `reasoning_content` and `reasoning` (the names trtllm-serve and vLLM use);
+a call's first delta carries its index, id, type and name (with empty arguments); later deltas
 carry pieces of its arguments; text outside calls is ordinary content.
 """
 
@@ -8,38 +10,44 @@ from __future__ import annotations
 
 import json
 
-from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
-from .tools import CallExtractor, new_call_id
+from .answers import AnswerEvent, AnswerReader
+from .reasoning import ReasoningDelta
+from .tool_events import ArgumentsDelta, CallStart, ContentDelta
+from .tools import new_call_id
 
 _json = json.dumps
 
 
-class ToolStream:
+class ChatDeltas:
     """Turns one sequence's text pieces into the JSON of its `delta` objects."""
 
-    def __init__(self, extractor: CallExtractor) -> None:
-        self._extractor = extractor
-        self.calls = 0  # calls started so far
+    def __init__(self, reader: AnswerReader) -> None:
+        self._reader = reader
+
+    @property
+    def calls(self) -> int:
+        """Calls started so far."""
+        return self._reader.calls
 
     def deltas(self, text: str, final: bool = False) -> list[str]:
         """Delta objects (JSON) for a new piece of text; `final`: the sequence ended."""
-        events = self._extractor.feed(text) if text else []
-        if final:
-            events += self._extractor.finish()
-        return [self._delta(event) for event in events]
+        return [_delta(event) for event in self._reader.feed(text, final)]
 
-    def _delta(self, event: Event) -> str:
-        if isinstance(event, ContentDelta):
-            return f'{{"content":{_json(event.text)}}}'
-        if isinstance(event, CallStart):
-            self.calls += 1
-            call = {
-                "index": event.index,
-                "id": new_call_id(),
-                "type": "function",
-                "function": {"name": event.name, "arguments": ""},
-            }
-            return f'{{"tool_calls":[{_json(call)}]}}'
-        assert isinstance(event, ArgumentsDelta)
-        piece = {"index": event.index, "function": {"arguments": event.text}}
-        return f'{{"tool_calls":[{_json(piece)}]}}'
+
+def _delta(event: AnswerEvent) -> str:
+    if isinstance(event, ContentDelta):
+        return f'{{"content":{_json(event.text)}}}'
+    if isinstance(event, ReasoningDelta):
+        text = _json(event.text)
+        return f'{{"reasoning_content":{text},"reasoning":{text}}}'
+    if isinstance(event, CallStart):
+        call = {
+            "index": event.index,
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": event.name, "arguments": ""},
+        }
+        return f'{{"tool_calls":[{_json(call)}]}}'
+    assert isinstance(event, ArgumentsDelta)
+    piece = {"index": event.index, "function": {"arguments": event.text}}
+    return f'{{"tool_calls":[{_json(piece)}]}}'

@@ -164,6 +164,9 @@ def history_message(message: Any) -> dict[str, Any]:
         rendered["tool_call_id"] = message.tool_call_id
     if message.tool_calls:
         rendered["tool_calls"] = [_history_call(call) for call in message.tool_calls]
+    thinking = getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None)
+    if thinking:
+        rendered["reasoning_content"] = thinking  # what templates of thinking models read
     return rendered
 
 

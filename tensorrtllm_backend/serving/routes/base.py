@@ -66,6 +66,8 @@ class EngineRoute:
     """One way through Triton; subclasses build its tensors and decode its responses."""
 
     route: Route
+    # A TensorRT-LLM engine's KV-cache block size, where it is known (set by the Generator).
+    tokens_per_block: int | None = None
     model_name: str
     # Why this route returns one sequence per request (None: it returns several).
     single_sequence: str | None = None
@@ -94,6 +96,21 @@ class EngineRoute:
     def decoder(self, params: SamplingParams) -> Decoder:
         """A decoder for one of the request's sequences."""
         raise NotImplementedError
+
+    def cached_tokens(self, last: InferResult) -> int:
+        """Prompt tokens the engine found in its KV cache, read from a request's last response
+        (0: this engine does not tell): the LLM API model's `cached_tokens` output."""
+        return output_int(last, "cached_tokens") or 0
+
+
+def output_int(result: InferResult, name: str) -> int | None:
+    """A scalar INT32 output of a response, if it carries one."""
+    response = result.get_response()
+    for index, output in enumerate(response.outputs):
+        if output.name == name:
+            raw = response.raw_output_contents[index]
+            return int.from_bytes(raw[:4], "little", signed=True) if raw else None
+    return None
 
 
 class StepDecoder:

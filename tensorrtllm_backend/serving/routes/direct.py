@@ -26,7 +26,9 @@ from ..translation import (
     sampling_tensors,
     scalar,
 )
-from .base import Decoded, EngineRoute, Route, RouteRequest, StepDecoder
+from .base import Decoded, EngineRoute, Route, RouteRequest, StepDecoder, output_int
+
+REUSED_BLOCKS = "kv_cache_reused_blocks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,18 @@ class DirectRoute(EngineRoute):
         self, request: RouteRequest, lora: LoraTensors | None
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         params = request.params
-        return direct_tensors(params, self.token_ids(request), lora), direct_outputs(params)
+        tensors = direct_tensors(params, self.token_ids(request), lora)
+        outputs = direct_outputs(params)
+        if self.tokens_per_block:
+            # The C++ backend reports the KV-cache blocks a request reused with its perf metrics.
+            tensors["return_perf_metrics"] = scalar(True, np.bool_)
+            outputs.append(REUSED_BLOCKS)
+        return tensors, outputs
+
+    def cached_tokens(self, last: InferResult) -> int:
+        """The C++ backend's reused KV-cache blocks x the engine's block size."""
+        blocks = output_int(last, REUSED_BLOCKS)
+        return blocks * self.tokens_per_block if blocks and self.tokens_per_block else 0
 
     def token_ids(self, request: RouteRequest) -> TokenIds:
         params = request.params

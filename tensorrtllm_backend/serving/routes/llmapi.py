@@ -18,9 +18,10 @@ import numpy as np
 
 from ..schemas import SamplingParams
 from ..translation import LoraTensors, engine_stop_words, optional_outputs, sampling_tensors
-from .base import Route, RouteRequest
+from .base import EngineRoute, Route, RouteRequest
 from .direct import DirectRoute
 
+CACHED_TOKENS = "cached_tokens"  # prompt tokens the LLM API found in its KV cache
 # Our SamplingParams fields by the llmapi model's input names; "" where it has none (the log
 # probs travel as one count, sampling_param_logprobs).
 _NAMES = {
@@ -90,7 +91,8 @@ class LlmapiRoute(DirectRoute):
         self, request: RouteRequest, lora: LoraTensors | None
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         params = request.params
-        return llmapi_tensors(params, request.prompt_ids, lora), [
-            "output_ids",
-            *optional_outputs(params),
-        ]
+        outputs = ["output_ids", *optional_outputs(params), CACHED_TOKENS]
+        return llmapi_tensors(params, request.prompt_ids, lora), outputs
+
+    # The model's own count (each sequence's last response), not the C++ backend's blocks.
+    cached_tokens = EngineRoute.cached_tokens

@@ -232,3 +232,13 @@ def test_cpu_engine_skips_the_version_check(tmp_path: Path) -> None:
     info = inspect_engine(write_engine(tmp_path, config, []))
     check_runtime_compatibility(info, "0.8.0")
     assert info.kind == "cpu"
+
+
+def test_the_kv_cache_block_size_is_read_from_the_plugins(tmp_path: Path) -> None:
+    plugins = {**modern_config()["build_config"]["plugin_config"], "tokens_per_block": 64}
+    info = inspect_engine(
+        write_engine(
+            tmp_path, modern_config(plugin_config=plugins), ["rank0.engine", "rank1.engine"]
+        )
+    )
+    assert info.tokens_per_block == 64

@@ -117,3 +117,19 @@ def test_fewer_alternatives_than_asked_for_is_an_error(demo_tokenizer) -> None:
 def test_struct_layout_is_little_endian() -> None:
     """new_token_ids reads raw bytes as little-endian int32, as Triton sends them."""
     assert struct.pack("<i", 5) == np.array([5], np.int32).astype("<i4").tobytes()
+
+
+def test_the_route_asks_for_the_models_cached_tokens(demo_tokenizer) -> None:
+    from tensorrtllm_backend.serving.routes.llmapi import LlmapiRoute
+
+    class Request:
+        prompt = "Hi"
+        params = SamplingParams(return_log_probs=True, top_log_probs=2)
+        prompt_ids = [1, 2]
+
+    tensors, outputs = LlmapiRoute(demo_tokenizer).inputs(Request(), None)
+    assert outputs == [
+        "output_ids", "output_log_probs", "output_top_token_ids", "output_top_log_probs",
+        "cached_tokens",
+    ]  # fmt: skip
+    assert "return_perf_metrics" not in tensors

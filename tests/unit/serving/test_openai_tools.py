@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from tensorrtllm_backend.serving.openai_api.answers import ChatPlan
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.openai_api.response_format import (
     FormatError,
@@ -17,7 +18,7 @@ from tensorrtllm_backend.serving.openai_api.response_format import (
     output_constraint,
 )
 from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
-from tensorrtllm_backend.serving.openai_api.tool_stream import ToolStream
+from tensorrtllm_backend.serving.openai_api.tool_stream import ChatDeltas
 from tensorrtllm_backend.serving.openai_api.tools import (
     ToolError,
     calls_schema,
@@ -168,7 +169,7 @@ def test_streamed_deltas_add_up_to_the_whole_message(step: int) -> None:
         '"unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
     )
     whole = extract_calls(result, text)
-    stream = ToolStream(result.parser())
+    stream = ChatDeltas(ChatPlan(result).reader())
     deltas: list[dict[str, Any]] = []
     pieces = [text[i : i + step] for i in range(0, len(text), step)]
     for number, piece in enumerate(pieces):

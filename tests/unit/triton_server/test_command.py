@@ -46,7 +46,7 @@ def test_the_secret_restricts_rank_0_and_is_hidden_from_logs(tmp_path: Path) -> 
     config = TritonServerConfig(model_repository=tmp_path, world_size=2)
     argv = build_command(INSTALLATION, config, TritonPorts(1, 2, 3), control)
     restricted = [arg for arg in argv if control.value in arg]
-    apis = "model-repository,shared-memory,statistics,trace,logging"
+    apis = "model-repository,shared-memory,trace,logging"
     assert restricted == [
         f"--grpc-restricted-protocol={apis}:{CONTROL_HEADER}={control.value}",
         f"--http-restricted-api={apis}:{CONTROL_HEADER}={control.value}",

@@ -1,0 +1,191 @@
+"""Pydantic models of Anthropic's Messages API as served here (`POST /v1/messages`,
+`POST /v1/messages/count_tokens`).
+
+Strict types, as on the OpenAI API. Content blocks are read by their type: text, tool_use,
+tool_result and thinking make the conversation; images, documents and server tools (web search,
+code execution, MCP servers...) are a 400 naming them. `cache_control` marks are accepted and
+change nothing (prompt caching is the engine's KV-cache reuse, which needs no marks).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..schemas import MAX_STOP_WORDS, MAX_WORD_CHARS
+
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class AnthropicModel(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class TextBlock(AnthropicModel):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None
+    citations: list[Any] | None = None
+
+
+class ToolUseBlock(AnthropicModel):
+    type: Literal["tool_use"]
+    id: str = Field(..., min_length=1)
+    name: str = Field(..., pattern=NAME_PATTERN)
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(AnthropicModel):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(..., min_length=1)
+    content: str | list[TextBlock] | None = None
+    is_error: bool = False
+    cache_control: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            text = self.content or ""
+        else:
+            text = "".join(block.text for block in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(AnthropicModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(AnthropicModel):
+    """Opaque thinking of Anthropic's own models: nothing to show this model."""
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+
+
+class Message(AnthropicModel):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, content: Any) -> Any:
+        for block in content if isinstance(content, list) else ():
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in BLOCK_TYPES:
+                raise ValueError(
+                    f"content blocks of type {kind!r} are not supported here (this model reads "
+                    f"text: {', '.join(BLOCK_TYPES)})"
+                )
+        return content
+
+
+class Tool(AnthropicModel):
+    name: str = Field(..., pattern=NAME_PATTERN)
+    input_schema: dict[str, Any] | None = None  # required of client tools (checked below)
+    description: str | None = None
+    # Client tools have no type or "custom"; others are Anthropic's server tools.
+    type: str | None = None
+    cache_control: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoice(AnthropicModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Thinking(AnthropicModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=0)
+    display: str | None = None
+
+
+class OutputFormat(AnthropicModel):
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(..., alias="schema")
+
+
+class OutputConfig(AnthropicModel):
+    format: OutputFormat | None = None
+    effort: str | None = None
+
+
+class CountTokensRequest(AnthropicModel):
+    """`POST /v1/messages/count_tokens`: what a message request's prompt would be."""
+
+    model: str
+    messages: list[Message] = Field(..., min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+
+    def system_text(self) -> str | None:
+        if self.system is None or isinstance(self.system, str):
+            return self.system or None
+        return "\n".join(block.text for block in self.system) or None
+
+
+class MessagesRequest(CountTokensRequest):
+    """`POST /v1/messages`."""
+
+    max_tokens: int = Field(..., ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _check_stops(cls, stops: list[str] | None) -> list[str] | None:
+        if stops is None:
+            return None
+        if len(stops) > MAX_STOP_WORDS:
+            raise ValueError(f"at most {MAX_STOP_WORDS} stop sequences are supported")
+        if any(not stop or len(stop) > MAX_WORD_CHARS for stop in stops):
+            raise ValueError(f"stop sequences must have 1 to {MAX_WORD_CHARS} characters")
+        return stops
+
+
+# Fields of Anthropic's API that would change the answer and that this server cannot honour.
+REFUSED_FIELDS = {
+    "container": "containers (code execution) are not supported: this server runs the model only",
+    "mcp_servers": "MCP servers are not supported: send the tools themselves",
+    "context_management": "context management is not supported",
+}
+
+
+def unsupported(request: CountTokensRequest) -> tuple[str, str] | None:
+    """The first field set that this server cannot honour, with what to do instead."""
+    extra = request.model_extra or {}
+    for name, reason in REFUSED_FIELDS.items():
+        if extra.get(name):
+            return name, reason
+    for position, tool in enumerate(request.tools or []):
+        if tool.type not in (None, "custom"):
+            return f"tools[{position}].type", (
+                f"server tools such as {tool.type!r} are not supported: this server runs the "
+                "model only (client tools, with an input_schema, are)"
+            )
+        if tool.input_schema is None:
+            return f"tools[{position}].input_schema", "a tool needs its input_schema"
+    if request.output_config is not None and request.output_config.effort is not None:
+        return "output_config.effort", "effort is not supported by this model"
+    return None

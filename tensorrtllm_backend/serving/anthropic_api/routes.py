@@ -1,0 +1,43 @@
+"""The `/v1/messages` routes. Their errors are Anthropic's error objects
+(``{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}``): the
+registry gives these paths Anthropic's style (:mod:`..apis`)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..openai_api.routes import Endpoints, _streaming_response
+from .messages import MessagesServing
+from .protocol import CountTokensRequest, MessagesRequest
+
+
+def messages_routes(endpoints: Endpoints) -> list[Route]:
+    """The routes, relative to `/v1`."""
+    handler = endpoints.handler
+
+    def current() -> MessagesServing:
+        return MessagesServing(endpoints.serving())
+
+    async def create(request: Request) -> Response:
+        server = current()
+        parsed, size = await endpoints.parse(request, server.serving, MessagesRequest)
+        assert isinstance(parsed, MessagesRequest)
+        prepared, plan = await server.prepare(parsed, size)
+        if parsed.stream:
+            events = server.stream(prepared, plan, parsed.model)
+            return await _streaming_response(events, server.serving.stream_interval)
+        return JSONResponse(await server.create(prepared, plan, parsed.model))
+
+    async def count_tokens(request: Request) -> Response:
+        server = current()
+        parsed, size = await endpoints.parse(request, server.serving, CountTokensRequest)
+        assert isinstance(parsed, CountTokensRequest)
+        offloader = server.serving.generator.offloader
+        return JSONResponse(await offloader.run(size, server.count_tokens, parsed))
+
+    return [
+        Route("/messages", handler(create), methods=["POST"]),
+        Route("/messages/count_tokens", handler(count_tokens), methods=["POST"]),
+    ]

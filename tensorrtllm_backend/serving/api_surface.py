@@ -1,0 +1,26 @@
+"""The APIs besides the native ones and /v1 chat and completions, registered in one place:
+OpenAI's Responses API and Anthropic's Messages API under /v1, each an adapter over the chat path
+(:class:`~.openai_api.serving.OpenAIServing`), and vLLM's /tokenize and /detokenize at the root.
+Each path is in the registry too (:mod:`.apis`), which decides how the guard and the errors treat
+it."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from .anthropic_api.routes import messages_routes
+from .openai_api.responses_routes import responses_routes
+from .openai_api.routes import Endpoints, ServingProvider
+from .openai_api.tokenize import tokenize_routes
+
+
+def v1_routes(endpoints: Endpoints) -> list[BaseRoute]:
+    """The routes, relative to /v1, sharing the /v1 app's :class:`Endpoints`."""
+    return [*responses_routes(endpoints), *messages_routes(endpoints)]
+
+
+def root_app(get_serving: ServingProvider) -> Starlette:
+    """The routes served at the service's root; `get_serving` returns None while the model
+    loads."""
+    return Starlette(routes=tokenize_routes(Endpoints(get_serving)))

@@ -1,0 +1,459 @@
+"""OpenAI's Responses API as an adapter over the chat path.
+
+A request becomes a chat request (instructions as the system message, input items and the stored
+conversation of `previous_response_id` as the messages, function tools, `text.format` as
+response_format) and is prepared by :meth:`OpenAIServing.prepare_chat`: the same template, tool
+plan, output constraint, reasoning plan and engine checks as /v1/chat/completions. Its answer is
+read with the chat path's :class:`~.answers.AnswerReader` as it is generated and becomes output
+items (reasoning, message, function calls), sent whole or as OpenAI's stream of events with
+sequence numbers. Responses are stored (:mod:`.response_store`) unless `store` is false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ...common.engine_api import EngineError
+from ..generation import PreparedRequest
+from ..schemas import FinishReason
+from .answers import AnswerStep, ChatPlan, answer_steps
+from .chat_adapter import ChatAdapter, new_id
+from .chat_adapter import chat_request as to_chat
+from .protocol import ChatCompletionRequest
+from .response_store import ResponseStore, StoredResponse
+from .responses_output import Event, OutputBuilder
+from .responses_protocol import (
+    HOSTED_TOOLS,
+    ITEM_TYPES,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputItem,
+    MessageItem,
+    ReasoningItem,
+    ResponsesRequest,
+)
+from .serving import OpenAIError, OpenAIServing
+
+API_LABEL = "openai_responses"
+# Chat fields named in errors, and the Responses field they came from.
+FIELDS = {
+    "messages": "input",
+    "response_format": "text.format",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+}
+
+
+# --- request → chat request ------------------------------------------------------------------
+
+
+def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list[InputItem]:
+    """Input items by their type (a message may leave it out); others are a 400."""
+    if isinstance(items, str):
+        return [MessageItem(role="user", content=items)]
+    parsed: list[InputItem] = []
+    for position, item in enumerate(items):
+        kind = item.get("type", "message")
+        model = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise OpenAIError(
+                f"{where}[{position}]: items of type {kind!r} are not supported here (messages, "
+                "function_call, function_call_output and reasoning are)",
+                param=f"{where}[{position}].type",
+            )
+        try:
+            parsed.append(model.model_validate(item))
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            location = ".".join(str(part) for part in first.get("loc", ()))
+            raise OpenAIError(
+                f"{where}[{position}].{location}: {first.get('msg')}",
+                param=f"{where}[{position}].{location}",
+            ) from None
+    return parsed
+
+
+def _stored_item(item: InputItem) -> dict[str, Any]:
+    """An input item as stored: with an id, as OpenAI lists input items."""
+    prefix = {"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(item.type, "fco")
+    return {**item.model_dump(exclude_none=True, by_alias=True), "id": item.id or new_id(prefix)}
+
+
+def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
+    """The conversation as chat messages: a developer message is a system message (what chat
+    templates know); function calls join the assistant message before them, their outputs are
+    tool messages, and a reasoning item is the thinking of the assistant message after it."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    thinking = ""
+    for item in items:
+        if isinstance(item, ReasoningItem):
+            thinking += item.text()
+            continue
+        if isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+            continue
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            messages.append({"role": role, "content": item.text()})
+        else:
+            assert isinstance(item, FunctionCallItem)
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        if messages[-1]["role"] == "assistant" and thinking:
+            messages[-1]["reasoning_content"] = thinking
+            thinking = ""
+    return messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    converted = []
+    for position, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise OpenAIError(
+                f"tools[{position}]: {tool.get('type')!r} tools are not supported: this server "
+                f"runs the model only, so it offers function tools (not {HOSTED_TOOLS})",
+                param=f"tools[{position}].type",
+            )
+        try:
+            function = FunctionTool.model_validate(tool)
+        except ValidationError as error:
+            message = error.errors(include_url=False)[0]["msg"]
+            raise OpenAIError(f"tools[{position}]: {message}", param="tools") from None
+        converted.append(
+            {
+                "type": "function",
+                "function": function.model_dump(exclude={"type"}, exclude_none=True),
+            }
+        )
+    return converted
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    raise OpenAIError(
+        f"tool_choice {kind!r} is not supported: send none, auto, required or "
+        '{"type": "function", "name": ...}',
+        param="tool_choice",
+    )
+
+
+def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatCompletionRequest:
+    """The chat request a Responses request is served as."""
+    values: dict[str, Any] = {
+        "model": request.model,
+        "messages": chat_messages(request.instructions, items),
+        "stream": request.stream,
+        "max_completion_tokens": request.max_output_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "tools": chat_tools(request.tools),
+        "tool_choice": chat_tool_choice(request.tool_choice),
+        "seed": request.seed,
+        "top_k": request.top_k,
+        "min_tokens": request.min_tokens,
+        "repetition_penalty": request.repetition_penalty,
+        "ignore_eos": request.ignore_eos,
+        "chat_template_kwargs": request.chat_template_kwargs,
+    }
+    if request.parallel_tool_calls is not None:
+        values["parallel_tool_calls"] = request.parallel_tool_calls
+    text_format = request.text.format if request.text else None
+    # A forced call answers with the call alone: there is no text for the format to shape (the
+    # Agents SDK sends both when an agent with an output type must call a tool first).
+    forced = values["tool_choice"] not in (None, "none", "auto")
+    if text_format is not None and text_format.type != "text" and not forced:
+        spec = {"type": text_format.type}
+        if text_format.type == "json_schema":
+            spec["json_schema"] = {  # type: ignore[assignment]
+                "name": text_format.name,
+                "schema": text_format.json_schema,
+                "strict": text_format.strict,
+            }
+        values["response_format"] = spec
+    return to_chat(values, FIELDS)
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ResponseRun:
+    """One response being answered."""
+
+    request: ResponsesRequest
+    prepared: PreparedRequest
+    plan: ChatPlan
+    input_items: list[dict[str, Any]]
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: float = field(default_factory=time.time)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    output: list[dict[str, Any]] = field(default_factory=list)  # the items so far
+    stored_final: bool = False
+
+
+class ResponsesServing(ChatAdapter):
+    """`/v1/responses`: create (whole or streamed), retrieve, delete, cancel."""
+
+    api = API_LABEL
+    fields = FIELDS
+
+    def __init__(self, serving: OpenAIServing, store: ResponseStore) -> None:
+        super().__init__(serving)
+        self.store = store
+
+    async def prepare(self, request: ResponsesRequest, size: int = 0) -> ResponseRun:
+        """The response to run (`size`: the request body's bytes)."""
+        refused = request.unsupported()
+        if refused is not None:
+            raise OpenAIError(refused[1], param=refused[0])
+        new_items = parse_items(request.input)
+        history: list[dict[str, Any]] = []
+        if request.previous_response_id is not None:
+            found = self.store.conversation(request.previous_response_id)
+            if found is None:
+                raise self._not_found(request.previous_response_id, "previous_response_id")
+            history = found
+        items = parse_items(history, "previous_response_id") + new_items
+        prepared, plan = await self.prepare_chat(chat_request(request, items), size)
+        dumped = [_stored_item(item) for item in new_items]
+        run = ResponseRun(request, prepared, plan, dumped)
+        if request.store and self.store.enabled:
+            self._store(run, self.response(run, "in_progress", []), [])
+        return run
+
+    def _not_found(self, response_id: str, param: str | None = None) -> OpenAIError:
+        keeps = (
+            f"responses are kept {self.store.ttl_s:g} s within {self.store.max_bytes} bytes, "
+            "by the worker that made them"
+            if self.store.enabled
+            else "this server stores no responses (TRTLLM_RESPONSES_STORE_BYTES=0)"
+        )
+        return OpenAIError(
+            f"response {response_id!r} not found ({keeps})", 404, param=param, code="not_found"
+        )
+
+    def _store(self, run: ResponseRun, response: dict[str, Any], output: list[dict]) -> None:
+        entry = StoredResponse(
+            response,
+            run.input_items + output,
+            run.request.previous_response_id,
+            cancelled=run.cancelled if response["status"] == "in_progress" else None,
+        )
+        self.store.put(run.id, entry)
+
+    async def _steps(self, run: ResponseRun) -> AsyncIterator[AnswerStep]:
+        """The answer's steps; a response that does not finish is stored as what it has,
+        failed (the engine) or cancelled (the client left)."""
+        status: str | None = "cancelled"  # unless it finishes: the client left
+        try:
+            steps = answer_steps(self.serving.generator, run.prepared, run.plan, run.cancelled)
+            async with aclosing(steps) as each:
+                async for step in each:
+                    yield step
+            status = None
+        except Exception:
+            status = "failed"
+            raise
+        finally:
+            if status is not None and run.request.store and not run.stored_final:
+                self._store(run, self.response(run, status, run.output), run.output)
+
+    async def create(self, run: ResponseRun) -> dict[str, Any]:
+        """The whole response."""
+        output = OutputBuilder(run.output)
+        last = AnswerStep([], 0)
+        async with aclosing(self._steps(run)) as steps:
+            async for last in steps:
+                for _ in output.feed(last.events):
+                    pass
+        for _ in output.finish(_item_status(last.finish_reason)):
+            pass
+        return self._finish(run, output, last)
+
+    def _finish(self, run: ResponseRun, output: OutputBuilder, last: AnswerStep) -> dict[str, Any]:
+        status = _status(last.finish_reason)
+        response = self.response(run, status, output.items, last, output.reasoning_text())
+        if run.request.store:
+            self._store(run, response, output.items)
+        run.stored_final = True
+        return response
+
+    async def stream(self, run: ResponseRun) -> AsyncIterator[str]:
+        """OpenAI's stream of events, each with its sequence number. The first events wait for
+        the engine's first answer, so a failure before it still gets an error status."""
+        numbers = itertools.count()
+
+        def event(kind: str, payload: dict[str, Any]) -> str:
+            body = {"type": kind, "sequence_number": next(numbers), **payload}
+            return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
+
+        output = OutputBuilder(run.output)
+
+        def started() -> list[Event]:
+            snapshot = self.response(run, "in_progress", [])
+            return [("response.created", {"response": snapshot}),
+                    ("response.in_progress", {"response": snapshot})]  # fmt: skip
+
+        def ended(last: AnswerStep) -> Iterator[Event]:
+            yield from output.finish(_item_status(last.finish_reason))
+            response = self._finish(run, output, last)
+            yield _FINAL_EVENTS[response["status"]], {"response": response}
+
+        def failed(error: EngineError) -> list[Event]:
+            response = self.response(run, "failed", output.items)
+            response["error"] = {"code": "server_error", "message": str(error)}
+            return [("error", {"code": "server_error", "message": str(error), "param": None}),
+                    ("response.failed", {"response": response})]  # fmt: skip
+
+        async for kind, payload in output.stream(self._steps(run), started, ended, failed):
+            yield event(kind, payload)
+
+    def response(
+        self,
+        run: ResponseRun,
+        status: str,
+        output: list[dict[str, Any]],
+        last: AnswerStep | None = None,
+        reasoning: str = "",
+    ) -> dict[str, Any]:
+        """The Response object in a given state."""
+        request = run.request
+        text_format = (
+            request.text.format.model_dump(exclude_none=True, by_alias=True)
+            if request.text and request.text.format
+            else {"type": "text"}
+        )
+        response: dict[str, Any] = {
+            "id": run.id,
+            "object": "response",
+            "created_at": run.created_at,
+            "status": status,
+            "model": self.serving.model_name,
+            "output": output,
+            "instructions": request.instructions,
+            "previous_response_id": request.previous_response_id,
+            "max_output_tokens": request.max_output_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "tools": request.tools or [],
+            "tool_choice": request.tool_choice or ("auto" if request.tools else "none"),
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "text": {"format": text_format},
+            "truncation": "disabled",
+            "store": request.store,
+            "background": False,
+            "reasoning": {"effort": None, "summary": None},
+            "metadata": request.metadata or {},
+            "user": request.user,
+            "error": None,
+            "incomplete_details": None,
+            "usage": None,
+        }
+        if status == "incomplete":
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if last is not None:
+            response["completed_at"] = time.time()
+            response["usage"] = self._usage(run.prepared, last, reasoning)
+        return response
+
+    def _usage(self, prepared: PreparedRequest, last: AnswerStep, reasoning: str) -> dict:
+        prompt_tokens, output_tokens = len(prepared.prompt_ids), last.completion_tokens
+        return {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {
+                "cached_tokens": last.cached_tokens,
+                "cache_write_tokens": 0,
+            },
+            "output_tokens": output_tokens,
+            "output_tokens_details": {
+                "reasoning_tokens": min(self.serving.count_tokens(reasoning), output_tokens)
+            },
+            "total_tokens": prompt_tokens + output_tokens,
+        }
+
+    # -- stored responses ---------------------------------------------------------------------
+    def retrieve(self, response_id: str) -> dict[str, Any]:
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise self._not_found(response_id)
+        return entry.response
+
+    def input_items(self, response_id: str) -> dict[str, Any]:
+        """The items of the conversation the response answered (OpenAI's list object)."""
+        entry = self.store.get(response_id)
+        conversation = self.store.conversation(response_id)
+        if entry is None or conversation is None:
+            raise self._not_found(response_id)
+        answered = conversation[: len(conversation) - len(entry.response["output"])]
+        data = list(reversed(answered))
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": False,
+        }
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        if not self.store.delete(response_id):
+            raise self._not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    def cancel(self, response_id: str) -> dict[str, Any]:
+        """Stop a response in progress (it ends as cancelled); any other is a 400."""
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise self._not_found(response_id)
+        if entry.cancelled is None:
+            raise OpenAIError(
+                f"response {response_id!r} is {entry.response['status']}: only a response in "
+                "progress can be cancelled"
+            )
+        entry.cancelled.set()
+        return {**entry.response, "status": "cancelled"}
+
+
+# OpenAI's stream has no event of its own for a cancelled response: it ends incomplete.
+_FINAL_EVENTS = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "cancelled": "response.incomplete",
+}
+
+
+def _status(finish: FinishReason | None) -> str:
+    if finish is FinishReason.LENGTH:
+        return "incomplete"
+    if finish is FinishReason.CANCELLED:
+        return "cancelled"
+    return "completed"
+
+
+def _item_status(finish: FinishReason | None) -> str:
+    return "completed" if _status(finish) == "completed" else "incomplete"

@@ -1,0 +1,100 @@
+"""A Responses answer's output items, built from its answer events, with the stream events that
+announce them in OpenAI's order: an item is added, its content part is added, its deltas follow,
+the text and the part are done, the item is done."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .answers import AnswerParts
+from .chat_adapter import new_id
+from .tools import new_call_id
+
+Event = tuple[str, dict[str, Any]]  # (type, payload without type and sequence number)
+
+
+class OutputBuilder(AnswerParts[Event]):
+    """Output items: a `reasoning` item for the thinking, a `message` for the text, a
+    `function_call` per call; `items` is the output so far."""
+
+    def __init__(self, items: list[dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self.items: list[dict[str, Any]] = items if items is not None else []
+        self.status = "completed"  # of the items closed from now on
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+
+    def opened(self, kind: str, name: str | None) -> Iterator[Event]:
+        if kind == "call":
+            item = {
+                "type": "function_call", "id": new_id("fc"), "call_id": new_call_id(),
+                "name": name, "arguments": "", "status": "in_progress",
+            }  # fmt: skip
+        elif kind == "thinking":
+            item = {
+                "type": "reasoning", "id": new_id("rs"), "summary": [], "content": [],
+                "status": "in_progress",
+            }  # fmt: skip
+        else:
+            item = {
+                "type": "message", "id": new_id("msg"), "role": "assistant",
+                "status": "in_progress", "content": [],
+            }  # fmt: skip
+        self.items.append(item)
+        yield "response.output_item.added", {"output_index": len(self.items) - 1, "item": item}
+        if kind != "call":
+            yield "response.content_part.added", {
+                **self._where(), "content_index": 0, "part": _part(kind, "")
+            }  # fmt: skip
+
+    def grew(self, kind: str, text: str) -> Iterator[Event]:
+        if kind == "call":
+            yield "response.function_call_arguments.delta", {**self._where(), "delta": text}
+        elif kind == "thinking":
+            yield "response.reasoning_text.delta", {
+                **self._where(), "content_index": 0, "delta": text
+            }  # fmt: skip
+        else:
+            yield "response.output_text.delta", {
+                **self._where(), "content_index": 0, "delta": text, "logprobs": []
+            }  # fmt: skip
+
+    def closed(self, kind: str, text: str) -> Iterator[Event]:
+        item, where = self.items[-1], self._where()
+        if kind == "call":
+            item["arguments"] = text
+            yield "response.function_call_arguments.done", {**where, "arguments": text}
+        else:
+            part = _part(kind, text)
+            item["content"] = [part]
+            done = (
+                "response.reasoning_text.done"
+                if kind == "thinking"
+                else "response.output_text.done"
+            )
+            extra = {} if kind == "thinking" else {"logprobs": []}
+            yield done, {**where, "content_index": 0, "text": text, **extra}
+            yield "response.content_part.done", {**where, "content_index": 0, "part": part}
+        item["status"] = self.status
+        yield "response.output_item.done", {"output_index": where["output_index"], "item": item}
+
+    def finish(self, status: str) -> Iterator[Event]:
+        """Close the open item, with the answer's status (completed or incomplete)."""
+        self.status = status
+        yield from self.close()
+
+    def reasoning_text(self) -> str:
+        return "".join(
+            part["text"]
+            for item in self.items
+            if item["type"] == "reasoning"
+            for part in item["content"]
+        )
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    if kind == "thinking":
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -1,0 +1,205 @@
+"""Pydantic models of OpenAI's Responses API as served here (`POST /v1/responses`).
+
+Types are strict at this edge, as on the chat API. What the API defines and this server cannot do
+is a 400 naming it (:meth:`ResponsesRequest.unsupported`): hosted tools (web search, file search,
+computer use, code interpreter, MCP, image generation...), background runs, conversations, stored
+prompts, reasoning effort. Bookkeeping fields (metadata, user, service_tier, prompt caching hints)
+are accepted and change nothing.
+
+Input items are read by their `type` (a message may leave it out): messages, `function_call`,
+`function_call_output` and `reasoning` items are the conversation; any other item type is a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ..schemas import UINT64_MAX
+from .protocol import NAME_PATTERN, OpenAIModel
+
+# Tool types of the Responses API that run on OpenAI's side.
+HOSTED_TOOLS = (
+    "web_search, web_search_preview, file_search, computer_use_preview, code_interpreter, mcp, "
+    "image_generation, local_shell, shell, apply_patch, custom, tool_search"
+)
+# `include` values this server answers with nothing to add: the reasoning items carry the
+# thinking as plain text (there is nothing to encrypt).
+HARMLESS_INCLUDES = frozenset({"reasoning.encrypted_content"})
+
+
+class TextPart(OpenAIModel):
+    """A text part of a message: `input_text`, or `output_text` of an answer sent back."""
+
+    type: Literal["input_text", "output_text", "text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+    def value(self) -> str:
+        return (self.refusal if self.type == "refusal" else self.text) or ""
+
+
+class MessageItem(OpenAIModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.value() for part in self.content)
+
+
+class FunctionCallItem(OpenAIModel):
+    type: Literal["function_call"]
+    call_id: str = Field(..., min_length=1)
+    name: str = Field(..., pattern=NAME_PATTERN)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(OpenAIModel):
+    type: Literal["function_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.value() for part in self.output)
+
+
+class ReasoningText(OpenAIModel):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(OpenAIModel):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        parts = self.content if self.content else self.summary
+        return "".join(part.text for part in parts)
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+ITEM_TYPES: dict[str, type[InputItem]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
+}
+
+
+class FunctionTool(OpenAIModel):
+    type: Literal["function"]
+    name: str = Field(..., pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and (self.name is None or self.json_schema is None):
+            raise ValueError('type "json_schema" needs a name and a schema')
+        return self
+
+
+class TextConfig(OpenAIModel):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(OpenAIModel):
+    """`POST /v1/responses`."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tool_calls: int | None = Field(None, ge=1)
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+    # Accepted with no effect on the answer (bookkeeping fields of OpenAI's API).
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    # Extensions with the chat API's names (as vLLM accepts them on /v1/responses).
+    seed: int | None = Field(None, ge=0, le=UINT64_MAX)
+    top_k: int | None = Field(None, ge=0)
+    min_tokens: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, allow_inf_nan=False)
+    ignore_eos: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """The first field set that this server cannot honour, with what to do instead."""
+        extra = self.model_extra or {}
+        refused = {
+            "background": (
+                "background responses are not supported: send the request without background "
+                "(stream it to see progress)"
+            ),
+            "conversation": "conversations are not supported: chain with previous_response_id",
+            "prompt": "stored prompts are not supported: send instructions and input",
+            "context_management": "context management (compaction) is not supported",
+        }
+        for name, reason in refused.items():
+            if getattr(self, name, None) or extra.get(name):
+                return name, reason
+        if self.reasoning and any(v is not None for v in self.reasoning.values()):
+            return "reasoning", (
+                "reasoning effort and summaries are not supported: the model thinks as its chat "
+                'template says (chat_template_kwargs, e.g. {"enable_thinking": false})'
+            )
+        if self.truncation == "auto":
+            return "truncation", (
+                'truncation "auto" is not supported: a prompt longer than the model takes is a '
+                '400 (send truncation "disabled" or none)'
+            )
+        if self.top_logprobs:
+            return "top_logprobs", "log probabilities are not returned on /v1/responses"
+        if self.max_tool_calls is not None:
+            return "max_tool_calls", "max_tool_calls is not supported: send tool_choice instead"
+        for include in self.include or []:
+            if include not in HARMLESS_INCLUDES:
+                return "include", f"include {include!r} is not supported here"
+        return None

@@ -1,0 +1,58 @@
+"""The `/v1/responses` routes: create, retrieve, list input items, delete, cancel.
+
+Errors are OpenAI error objects, as on the rest of `/v1`; the stored responses live in one
+:class:`~.response_store.ResponseStore` per worker.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .response_store import ResponseStore
+from .responses import ResponsesServing
+from .responses_protocol import ResponsesRequest
+from .routes import Endpoints, _streaming_response
+
+
+def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -> list[Route]:
+    """The routes, relative to `/v1`; `store` defaults to one sized by the settings."""
+    responses_store = store if store is not None else ResponseStore.from_settings()
+    handler = endpoints.handler
+
+    def current() -> ResponsesServing:
+        return ResponsesServing(endpoints.serving(), responses_store)
+
+    async def create(request: Request) -> Response:
+        server = current()
+        parsed, size = await endpoints.parse(request, server.serving, ResponsesRequest)
+        assert isinstance(parsed, ResponsesRequest)
+        run = await server.prepare(parsed, size)
+        if parsed.stream:
+            return await _streaming_response(server.stream(run), server.serving.stream_interval)
+        return JSONResponse(await server.create(run))
+
+    def response_id(request: Request) -> str:
+        return str(request.path_params["response_id"])
+
+    async def retrieve(request: Request) -> Response:
+        return JSONResponse(current().retrieve(response_id(request)))
+
+    async def input_items(request: Request) -> Response:
+        return JSONResponse(current().input_items(response_id(request)))
+
+    async def delete(request: Request) -> Response:
+        return JSONResponse(current().delete(response_id(request)))
+
+    async def cancel(request: Request) -> Response:
+        return JSONResponse(current().cancel(response_id(request)))
+
+    one = "/responses/{response_id}"
+    return [
+        Route("/responses", handler(create), methods=["POST"]),
+        Route(one, handler(retrieve), methods=["GET"]),
+        Route(one, handler(delete), methods=["DELETE"]),
+        Route(f"{one}/cancel", handler(cancel), methods=["POST"]),
+        Route(f"{one}/input_items", handler(input_items), methods=["GET"]),
+    ]

@@ -1,0 +1,118 @@
+"""`/tokenize` and `/detokenize`, with vLLM's request and response shapes (vLLM serves them at
+the root, not under /v1, and so does this service).
+
+`/tokenize` takes a `prompt`, or chat `messages` rendered by the model's chat template as
+/v1/chat/completions renders them (special tokens are then already in the text, so
+`add_special_tokens` defaults to false, as in vLLM); it answers the token ids, their count and the
+engine's `max_model_len`, with each token's text when `return_token_strs` is true. `/detokenize`
+turns token ids back into text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .protocol import ChatCompletionRequest, ChatMessage, OpenAIModel, Tool
+from .routes import Endpoints
+from .serving import OpenAIError, OpenAIServing
+
+
+class TokenizeRequest(OpenAIModel):
+    """A prompt or chat messages (exactly one of them)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(OpenAIModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    tokens: list[int] = Field(..., max_length=1_000_000)
+
+
+def _check_model(serving: OpenAIServing, name: str | None) -> None:
+    if name is not None and name not in serving.model_names():
+        raise serving.unknown_model(name)
+
+
+def tokenize(serving: OpenAIServing, request: TokenizeRequest) -> dict[str, Any]:
+    _check_model(serving, request.model)
+    if request.messages is not None:
+        chat = ChatCompletionRequest.model_validate(
+            {
+                "model": request.model or serving.model_name,
+                "messages": request.messages,
+                "tools": request.tools,
+                "add_generation_prompt": request.add_generation_prompt,
+                "chat_template_kwargs": request.chat_template_kwargs,
+            }
+        )
+        text = serving.render_chat(chat, serving.plan_tools(chat))
+        special = bool(request.add_special_tokens)
+    else:
+        assert request.prompt is not None
+        text = request.prompt
+        special = request.add_special_tokens is not False
+    tokenizer = serving.generator.tokenizer
+    ids = list(tokenizer.encode(text, add_special_tokens=special))
+    return {
+        "count": len(ids),
+        "max_model_len": serving.generator.limits.max_seq_len,
+        "tokens": ids,
+        "token_strs": tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None,
+    }
+
+
+def detokenize(serving: OpenAIServing, request: DetokenizeRequest) -> dict[str, Any]:
+    _check_model(serving, request.model)
+    tokenizer = serving.generator.tokenizer
+    size = len(tokenizer)
+    outside = [token for token in request.tokens if not 0 <= token < size]
+    if outside:
+        raise OpenAIError(
+            f"token id {outside[0]} is outside the vocabulary [0, {size})", param="tokens"
+        )
+    return {"prompt": tokenizer.decode(request.tokens)}
+
+
+def tokenize_routes(endpoints: Endpoints) -> list[Route]:
+    """`POST /tokenize` and `POST /detokenize`, relative to the service's root."""
+
+    async def tokenize_endpoint(request: Request) -> Response:
+        serving = endpoints.serving()
+        parsed, size = await endpoints.parse(request, serving, TokenizeRequest)
+        assert isinstance(parsed, TokenizeRequest)
+        return JSONResponse(await serving.generator.offloader.run(size, tokenize, serving, parsed))
+
+    async def detokenize_endpoint(request: Request) -> Response:
+        serving = endpoints.serving()
+        parsed, size = await endpoints.parse(request, serving, DetokenizeRequest)
+        assert isinstance(parsed, DetokenizeRequest)
+        return JSONResponse(
+            await serving.generator.offloader.run(size, detokenize, serving, parsed)
+        )
+
+    return [
+        Route("/tokenize", endpoints.handler(tokenize_endpoint), methods=["POST"]),
+        Route("/detokenize", endpoints.handler(detokenize_endpoint), methods=["POST"]),
+    ]

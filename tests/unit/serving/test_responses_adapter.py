@@ -1,0 +1,184 @@
+"""The Responses API's translation: input items into chat messages, tools and tool choices into
+the chat API's, what cannot be served refused with the field named, and answer events into output
+items with OpenAI's stream events in OpenAI's order."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tensorrtllm_backend.serving.openai_api.reasoning import ReasoningDelta
+from tensorrtllm_backend.serving.openai_api.responses import (
+    chat_messages,
+    chat_request,
+    chat_tool_choice,
+    chat_tools,
+    parse_items,
+)
+from tensorrtllm_backend.serving.openai_api.responses_output import OutputBuilder
+from tensorrtllm_backend.serving.openai_api.responses_protocol import ResponsesRequest
+from tensorrtllm_backend.serving.openai_api.serving import OpenAIError
+from tensorrtllm_backend.serving.openai_api.tool_events import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+)
+
+TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+
+
+def request(**fields: Any) -> ResponsesRequest:
+    return ResponsesRequest.model_validate_json(json.dumps({"model": "m", "input": "hi", **fields}))
+
+
+def test_a_conversation_becomes_chat_messages() -> None:
+    items = parse_items(
+        [
+            {"role": "developer", "content": "Be terse."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "ok"}]},
+            {"type": "message", "role": "assistant", "content": [
+                {"type": "output_text", "text": "Let me look.", "annotations": []}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "c2", "output": [
+                {"type": "input_text", "text": "cold"}]},
+        ]
+    )  # fmt: skip
+    messages = chat_messages("Instructions.", items)
+    assert [m["role"] for m in messages] == [
+        "system",
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+    ]
+    assistant = messages[3]
+    assert assistant["content"] == "Let me look." and assistant["reasoning_content"] == "ok"
+    assert [call["id"] for call in assistant["tool_calls"]] == ["c1", "c2"]
+    assert messages[5] == {"role": "tool", "tool_call_id": "c2", "content": "cold"}
+
+
+def test_a_call_without_a_message_before_it_is_an_assistant_message_of_its_own() -> None:
+    items = parse_items(
+        [
+            {"role": "user", "content": "Hi"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        ]
+    )
+    assistant = chat_messages(None, items)[1]
+    assert assistant["role"] == "assistant" and assistant["content"] is None
+
+
+@pytest.mark.parametrize(
+    ("items", "param"),
+    [
+        ([{"type": "web_search_call", "id": "x"}], "input[0].type"),
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input[0]"),
+        ([{"type": "function_call_output", "output": "x"}], "input[0].call_id"),
+    ],
+)
+def test_items_that_cannot_be_read_are_a_400(items: list[Any], param: str) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        parse_items(items)
+    assert caught.value.param is not None and caught.value.param.startswith(param)
+
+
+def test_tools_and_tool_choices_become_the_chat_apis() -> None:
+    assert chat_tools([TOOL]) == [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    ]
+    named = chat_tool_choice({"type": "function", "name": "get_weather"})
+    assert named == {"type": "function", "function": {"name": "get_weather"}}
+    assert chat_tool_choice("required") == "required"
+    with pytest.raises(OpenAIError) as caught:
+        chat_tools([TOOL, {"type": "web_search"}])
+    assert caught.value.param == "tools[1].type"
+    with pytest.raises(OpenAIError, match="allowed_tools"):
+        chat_tool_choice({"type": "allowed_tools", "mode": "auto", "tools": []})
+
+
+def test_text_format_is_the_response_format_unless_a_call_is_forced() -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+    chat = chat_request(request(text=text, max_output_tokens=7), parse_items("hi"))
+    assert chat.response_format is not None and chat.response_format.json_schema is not None
+    assert chat.response_format.json_schema.json_schema == schema
+    assert chat.max_completion_tokens == 7
+    forced = chat_request(
+        request(text=text, tools=[TOOL], tool_choice="required"), parse_items("hi")
+    )
+    assert forced.response_format is None and forced.tool_choice == "required"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"background": True}, "background"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"prompt": {"id": "p"}}, "prompt"),
+        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"include": ["file_search_call.results"]}, "include"),
+    ],
+)
+def test_what_cannot_be_done_is_named(fields: dict[str, Any], param: str) -> None:
+    refused = request(**fields).unsupported()
+    assert refused is not None and refused[0] == param
+
+
+def test_neutral_values_are_not_refused() -> None:
+    neutral = request(
+        reasoning={"effort": None}, truncation="disabled", include=[], background=False,
+        metadata={"k": "v"}, store=False, top_logprobs=0,
+    )  # fmt: skip
+    assert neutral.unsupported() is None
+
+
+def test_answer_events_become_items_and_events_in_openais_order() -> None:
+    output = OutputBuilder()
+    events = [
+        ReasoningDelta("think"),
+        ContentDelta("Hi"),
+        ContentDelta("!"),
+        CallStart(0, "f"),
+        ArgumentsDelta(0, '{"a":'),
+        ArgumentsDelta(0, "1}"),
+        CallStart(1, "g"),
+    ]
+    stream = list(output.feed(events)) + list(output.finish("completed"))
+    kinds = [kind for kind, _ in stream]
+    assert kinds == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    reasoning, message, first, second = output.items
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "think"}]
+    assert message["content"][0]["text"] == "Hi!" and message["status"] == "completed"
+    assert first["arguments"] == '{"a":1}' and second["arguments"] == ""
+    indexes = [payload["output_index"] for _, payload in stream]
+    assert indexes == sorted(indexes) and indexes[-1] == 3
+    assert output.reasoning_text() == "think"
