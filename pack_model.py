@@ -5,13 +5,14 @@ filled Triton model repository into the BentoML model store.
 Two workflows (--workflow, default engine):
   engine  trtllm-build engines, served by the `tensorrtllm` C++ backend (inflight_batcher_llm)
   llmapi  a Hugging Face checkpoint, served by TensorRT-LLM's LLM API (PyTorch backend, >= 1.0)
-          through NVIDIA's `llmapi` python model; no engine build
+          through our `llmapi` python model (or NVIDIA's, --llmapi-model nvidia); no engine build
 
 Examples:
   python pack_model.py --engine-dir ./engines/llama3-8b --tokenizer-dir ./Meta-Llama-3-8B-Instruct
   python pack_model.py --workflow llmapi --checkpoint ./Meta-Llama-3-8B-Instruct --tp 2
   python pack_model.py --demo                       # tiny local Llama on the CPU engine
   python pack_model.py --demo --workflow llmapi     # the same checkpoint, llmapi model on CPU
+  python pack_model.py --synthetic --workflow llmapi --itl-ms 5   # llmapi model, synthetic tokens
   python pack_model.py --hf-model ./my-checkpoint   # any local HF causal LM on the CPU engine
   python pack_model.py --synthetic --itl-ms 20      # deterministic tokens, for load tests
 """
@@ -33,6 +34,7 @@ from tensorrtllm_backend.common.engine_config import (
     runtime_version_for_image,
 )
 from tensorrtllm_backend.packing.engine_packing import (
+    TOKENIZER_FILES,
     PackError,
     PackPlan,
     StorablePlan,
@@ -43,7 +45,7 @@ from tensorrtllm_backend.packing.engine_packing import (
 from tensorrtllm_backend.settings import load_settings
 
 DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
-LLMAPI_DEMO_NAME = "trtllm-llmapi-demo"
+LLMAPI_DEMO_NAMES = {"demo": "trtllm-llmapi-demo", "synthetic": "trtllm-llmapi-synthetic"}
 CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
 
 
@@ -125,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=DIR",
-        help="a LoRA adapter in TensorRT-LLM's converted format (model.lora_weights.npy, "
-        "model.lora_config.npy); repeatable. Requests select it by name.",
+        help="a LoRA adapter, repeatable; requests select it by name. Engines: TensorRT-LLM's "
+        "converted format (model.lora_weights.npy, model.lora_config.npy); --workflow llmapi: "
+        "a Hugging Face adapter (adapter_config.json, adapter_model.safetensors)",
     )
 
     cpu = parser.add_argument_group(
@@ -158,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     llmapi.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size (default: 1)")
     llmapi.add_argument("--gpus", type=int, help="GPUs of the target: tp x pp must fit them")
     llmapi.add_argument("--backend", choices=["pytorch"], default="pytorch", help="LLM backend")
+    llmapi.add_argument(
+        "--llmapi-model",
+        choices=["bentotrtllm", "nvidia"],
+        default="bentotrtllm",
+        help="the Triton model: bentotrtllm (ours: every per-request feature, token ids in and "
+        "out, what the service's llmapi route needs) or nvidia (NVIDIA's stock model.py of the "
+        "image, text in and out, for clients that call Triton themselves)",
+    )
     llmapi.add_argument(
         "--llm-arg",
         action="append",
@@ -296,26 +307,32 @@ def describe(pack: PackPlan) -> str:
 
 def _check_workflow(args: argparse.Namespace) -> None:
     if args.workflow == "llmapi":
-        if args.checkpoint is None and not args.demo:
-            raise PackError("--workflow llmapi packs --checkpoint DIR (or --demo)")
-        if args.route is not None or args.fill or args.lora:
+        if args.checkpoint is None and not args.demo and not args.synthetic:
+            raise PackError("--workflow llmapi packs --checkpoint DIR (or --demo, --synthetic)")
+        if args.route is not None or args.fill:
             raise PackError(
-                "--route, --fill and --lora belong to the engine workflow; the llmapi workflow "
+                "--route and --fill belong to the engine workflow; the llmapi workflow "
                 "takes LLM API arguments with --llm-arg KEY=VALUE"
             )
     elif args.checkpoint is not None:
         raise PackError("--checkpoint is the llmapi workflow's: add --workflow llmapi")
-    elif args.llm_arg or args.tp != 1 or args.pp != 1 or args.gpus is not None:
+    elif (
+        args.llm_arg
+        or args.tp != 1
+        or args.pp != 1
+        or args.gpus is not None
+        or args.llmapi_model != "bentotrtllm"
+    ):
         raise PackError(
-            "--tp, --pp, --gpus and --llm-arg belong to --workflow llmapi; engines carry their "
-            "parallelism from trtllm-build"
+            "--tp, --pp, --gpus, --llm-arg and --llmapi-model belong to --workflow llmapi; "
+            "engines carry their parallelism from trtllm-build"
         )
 
 
 def _check_llmapi_image(args: argparse.Namespace) -> None:
     """The LLM API's PyTorch workflow exists from TensorRT-LLM 1.0 (NGC 25.09 and later)."""
-    if args.demo:
-        return  # the demo is served by the CPU stand-in
+    if args.demo or args.synthetic:
+        return  # served by the CPU stand-in
     image = args.target_image or _default_image()
     version = runtime_version_for_image(image) if image else None
     if version is None or int(version.split(".")[0]) >= 1:
@@ -358,16 +375,36 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
             from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
             checkpoint, source = build_demo_checkpoint(scratch / "demo-checkpoint"), "demo"
+        elif args.synthetic:
+            checkpoint, source = _synthetic_checkpoint(args, scratch), "synthetic"
+            llm_args.setdefault("guided_decoding_backend", None)  # no logits to guide
         else:
             checkpoint, source = args.checkpoint, "checkpoint"
-        name = args.name or (LLMAPI_DEMO_NAME if args.demo else _default_name(checkpoint, args))
+        name = args.name or LLMAPI_DEMO_NAMES.get(source) or _default_name(checkpoint, args)
+        limits = (
+            {key: getattr(args, key) or CPU_LIMITS[key] for key in CPU_LIMITS}
+            if source == "synthetic"
+            else {key: getattr(args, key) for key in CPU_LIMITS}
+        )
         pack = plan_llmapi(
             name=name, checkpoint_dir=checkpoint, tokenizer_dir=args.tokenizer_dir,
             source=source, tp_size=args.tp, pp_size=args.pp, gpus=args.gpus,
-            backend=args.backend, max_batch_size=args.max_batch_size,
-            max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, llm_args=llm_args,
+            backend=args.backend, llm_args=llm_args, llmapi_model=args.llmapi_model,
+            loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()}, **limits,
         )  # fmt: skip
         return _store_unless_dry_run(pack, describe_llmapi(pack), args)
+
+
+def _synthetic_checkpoint(args: argparse.Namespace, scratch: Path) -> Path:
+    """The synthetic CPU engine as the llmapi stand-in's `model`: its config.json, with the
+    demo tokenizer beside it (the LLM API reads the tokenizer from the model's directory)."""
+    import shutil
+
+    engine_dir, tokenizer_dir, _source = _cpu_engine(args, scratch)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file() and name != "config.json":
+            shutil.copy(tokenizer_dir / name, engine_dir / name)
+    return engine_dir
 
 
 def run(args: argparse.Namespace) -> str | None:

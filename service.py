@@ -89,7 +89,11 @@ class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
 
     def __init__(self) -> None:
-        self.runtime = LLMRuntime(Path(self.model.path), load_settings())
+        try:
+            self.runtime = LLMRuntime(Path(self.model.path), load_settings())
+        except ValueError as error:  # a model or setting this service cannot serve
+            end_serving(error)
+            raise
         self.openai: OpenAIServing | None = None  # set once Triton is up
 
     @bentoml.on_startup
@@ -173,7 +177,11 @@ class TRTLLM:
             response: JSONResponse = error_response(error, "/generate_text")
             return response  # type: ignore[return-value]
         # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
-        body = result.to_response().model_dump(mode="json", exclude_none=True)
+        generator = self.runtime.generator
+        response = await generator.offloader.run(
+            result.render_size, result.to_response, generator.token_strings
+        )
+        body = response.model_dump(mode="json", exclude_none=True)
         return JSONResponse(body)  # type: ignore[return-value]
 
 

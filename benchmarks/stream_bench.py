@@ -8,11 +8,14 @@ time and stops every process it started (also on Ctrl-C):
     .venv/bin/python benchmarks/stream_bench.py --quick            # < 3 min
     .venv/bin/python benchmarks/stream_bench.py                    # all cells, < 15 min
     .venv/bin/python benchmarks/stream_bench.py --routes direct,ensemble,bls
+    .venv/bin/python benchmarks/stream_bench.py --routes direct,llmapi --targets native,openai
     .venv/bin/python benchmarks/stream_bench.py --url http://gpu-host:3000 --cells 0:1,0:64
 
 Targets: grpc_direct (the floor: tensorrt_llm with token ids over gRPC), triton_generate_stream
 (POST /v2/models/ensemble/generate_stream), native[route] (POST /generate), openai[route]
-(POST /v1/completions stream=true), baseline_proxy (benchmarks/baseline_service.py).
+(POST /v1/completions stream=true), baseline_proxy (benchmarks/baseline_service.py). The llmapi
+route serves the same synthetic engine through the llmapi model (pack_model.py --synthetic
+--workflow llmapi), so its figures sit next to direct's with only the model between them.
 A cell is ITL:CONCURRENCY; the ITL (and --ttft-ms) are the synthetic engine's delays, so each
 distinct ITL is a separately packed model. Output: a table on stdout and a JSON file.
 """
@@ -64,6 +67,8 @@ from tensorrtllm_backend.triton.command import find_free_port
 
 ALL_TARGETS = ("grpc_direct", "triton_generate_stream", "native", "openai", "baseline")
 ROUTE_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
+ROUTES = ("direct", "ensemble", "bls", "llmapi")
+TOKEN_ROUTES = ("direct", "llmapi")  # token ids out: the text is the synthetic tokens' decode
 DEFAULT_CELLS = "0:1,0:64,20:32,20:128"
 TARGET_ORDER = {"grpc_direct": 0, "triton_generate_stream": 1, "native": 2, "openai": 3,
                 "baseline_proxy": 4}  # fmt: skip
@@ -124,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--targets", default=",".join(ALL_TARGETS),
                         help=f"subset of {','.join(ALL_TARGETS)}")  # fmt: skip
     parser.add_argument("--routes", default="direct",
-                        help="service routes for native/openai: direct,ensemble,bls")  # fmt: skip
+                        help=f"service routes for native/openai: {','.join(ROUTES)}")  # fmt: skip
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -372,11 +377,20 @@ def run_local(run: Run, procs: Processes) -> None:
         print(f"   pack_model: {model.pack_s:.1f} s", flush=True)
         prompts = build_prompts(model.root, args.max_tokens)
         pad_id = engine_settings(model.root)["eos_token_id"]
+        served = {route: model for route in routes}
+        if "llmapi" in routes and targets & {"native", "openai"}:
+            served["llmapi"] = procs.pack_synthetic(
+                "bench-synthetic", itl_ms=itl, max_batch_size=max_batch,
+                max_tokens=args.max_tokens, ttft_ms=args.ttft_ms, workflow="llmapi",
+            )  # fmt: skip
+            run.timings[f"pack_model_synthetic_llmapi_itl{itl:g}_s"] = served["llmapi"].pack_s
         # Start what this group needs at once (2 cores: startups overlap, measurements never do);
         # the clean cold-start figure is the demo's, measured alone at the end.
         first_service = None
         if targets & {"native", "openai"}:
-            first_service = spawn_trtllm(procs, model, routes[0], env=service_settings(args))
+            first_service = spawn_trtllm(
+                procs, served[routes[0]], routes[0], env=service_settings(args)
+            )
         started = time.perf_counter()
         supervisor = procs.start_triton(model, f"itl{itl:g}")
         run.timings[f"tritonserver_start_itl{itl:g}_s"] = time.perf_counter() - started
@@ -433,7 +447,7 @@ def run_local(run: Run, procs: Processes) -> None:
             service = (
                 first_service
                 if route == routes[0]
-                else spawn_trtllm(procs, model, route, env=service_settings(args))
+                else spawn_trtllm(procs, served[route], route, env=service_settings(args))
             )
             procs.wait_ready(service)
             procs.wait_workers(service, args.workers)
@@ -444,7 +458,7 @@ def run_local(run: Run, procs: Processes) -> None:
                 print(f"   service[{route}] cold start: {service.cold_start_s:.1f} s", flush=True)
             try:
                 name = asyncio.run(openai_model_name(service.url))
-                expect = "decode" if route == "direct" else ROUTE_MODELS[route]
+                expect = "decode" if route in TOKEN_ROUTES else ROUTE_MODELS[route]
                 asyncio.run(
                     measure_http(run, group, service, prompts, targets, route, expect, name)
                 )
@@ -642,7 +656,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     unknown = set(args.targets.split(",")) - set(ALL_TARGETS)
-    bad_routes = set(args.routes.split(",")) - {"direct", "ensemble", "bls"}
+    bad_routes = set(args.routes.split(",")) - set(ROUTES)
     if unknown or bad_routes:
         print(f"stream_bench: unknown targets {unknown or ''} routes {bad_routes or ''}",
               file=sys.stderr)  # fmt: skip

@@ -1,14 +1,19 @@
-"""LoRA adapters in TensorRT-LLM's converted format, stored with the model and selected per request.
+"""LoRA adapters stored with the model and selected per request.
 
-An adapter directory holds ``model.lora_weights.npy`` ([1, N, D] or [N, D], float16) and
-``model.lora_config.npy`` ([1, N, 3] or [N, 3], int32 rows of [module_id, layer, rank]) — what
-TensorRT-LLM's ``hf_lora_convert.py`` writes. The backend caches adapters by ``lora_task_id``: the
-first request of an adapter carries weights and config, later ones only the id; when the backend
-reports the id missing from its cache, the request is sent again with the weights.
+Engines (the C++ backend) take adapters in TensorRT-LLM's converted format: a directory with
+``model.lora_weights.npy`` ([1, N, D] or [N, D], float16) and ``model.lora_config.npy``
+([1, N, 3] or [N, 3], int32 rows of [module_id, layer, rank]) — what TensorRT-LLM's
+``hf_lora_convert.py`` writes. The backend caches adapters by ``lora_task_id``: the first request
+of an adapter carries weights and config, later ones only the id; when the backend reports the id
+missing from its cache, the request is sent again with the weights.
+
+The LLM API reads Hugging Face (PEFT) adapters from their directory (``adapter_config.json`` and
+the weights) itself: a request names the adapter's id, name and path.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -18,6 +23,8 @@ import numpy as np
 
 WEIGHTS_FILE = "model.lora_weights.npy"
 CONFIG_FILE = "model.lora_config.npy"
+HF_CONFIG_FILE = "adapter_config.json"
+HF_WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 LORAS = "loras"  # folder inside a stored model
 
 
@@ -51,6 +58,37 @@ def check_adapter_dir(path: Path) -> tuple[int, int]:
             f"{path}: weights have {weights2d.shape[0]} rows but config has {config2d.shape[0]}"
         )
     return int(weights2d.shape[0]), int(weights2d.shape[1])
+
+
+def check_name(name: str) -> None:
+    """An adapter's name: what requests select it by, and its folder in the stored model."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        raise LoraError(f"LoRA name {name!r}: use letters, digits, '-', '_' or '.'")
+
+
+def check_hf_adapter_dir(path: Path) -> tuple[int, list[Path]]:
+    """Validate a Hugging Face LoRA adapter dir; returns (its rank r, the files to store)."""
+    config_path = path / HF_CONFIG_FILE
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LoraError(
+            f"{path}: {HF_CONFIG_FILE} is missing (a Hugging Face PEFT adapter directory, as "
+            "save_pretrained writes it)"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise LoraError(f"{config_path} is not JSON: {error}") from error
+    if not isinstance(config, dict) or str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise LoraError(
+            f"{config_path}: not a LoRA adapter (peft_type {config.get('peft_type')!r})"
+        )
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise LoraError(f"{config_path}: `r` (the rank) must be a whole number >= 1, got {rank!r}")
+    weights = [path / name for name in HF_WEIGHTS_FILES if (path / name).is_file()]
+    if not weights:
+        raise LoraError(f"{path}: no adapter weights ({' or '.join(HF_WEIGHTS_FILES)})")
+    return rank, [config_path, *weights]
 
 
 def task_id_for(name: str) -> int:

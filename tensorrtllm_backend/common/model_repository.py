@@ -17,6 +17,9 @@ from tritonclient.grpc import model_config_pb2
 
 CONFIG_NAME = "config.pbtxt"
 MODEL_YAML = "model.yaml"  # the llmapi model's settings (NVIDIA's keys)
+# Which model.py serves the llmapi repository (its config.pbtxt's parameter): ours, NVIDIA's.
+LLMAPI_MODEL_PARAMETER = "llmapi_model"
+LLMAPI_MODELS = ("bentotrtllm", "nvidia")
 COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 # Parameters whose value is a filesystem path. Relative values are resolved against the model root

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tqdm import tqdm
 
 from ..common.engine_config import EngineInfo, check_runtime_compatibility, inspect_engine
-from ..common.lora import CONFIG_FILE, LORAS, WEIGHTS_FILE, LoraError, check_adapter_dir
+from ..common.lora import (
+    CONFIG_FILE,
+    LORAS,
+    WEIGHTS_FILE,
+    LoraError,
+    check_adapter_dir,
+    check_name,
+)
 from ..common.model_repository import TemplateError
 from ..common.model_store import ENGINES, FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from ..common.tokenization import load_checked_tokenizer
@@ -248,9 +255,8 @@ def _check_loras(engine: EngineInfo, loras: Mapping[str, Path]) -> dict[str, Pat
         )
     checked = {}
     for name, path in loras.items():
-        if not name or not all(c.isalnum() or c in "-_." for c in name):
-            raise PackError(f"LoRA name {name!r}: use letters, digits, '-', '_' or '.'")
         try:
+            check_name(name)
             check_adapter_dir(Path(path))
         except LoraError as error:
             raise PackError(str(error)) from error

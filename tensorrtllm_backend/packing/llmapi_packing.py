@@ -2,9 +2,12 @@
 
 Layout of a stored llmapi model (paths relative to the model's root, resolved at start)::
 
-    checkpoint/         the Hugging Face checkpoint (config.json, *.safetensors, tokenizer, ...)
+    checkpoint/         the Hugging Face checkpoint (config.json, *.safetensors, tokenizer, ...);
+                        for --synthetic a CPU engine dir (config.json with a `cpu_engine`
+                        section) with the tokenizer beside it, served by the CPU stand-in only
     tokenizer/          the tokenizer the service uses (hard links when on one filesystem)
     model_repository/   tensorrt_llm/{config.pbtxt, 1/model.py, 1/model.yaml}
+    loras/NAME/         Hugging Face LoRA adapters (--lora NAME=DIR), read by the LLM API
     trtllm_model.json   manifest: workflow "llmapi", checkpoint summary, limits, model.yaml
 """
 
@@ -15,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..common.model_repository import TemplateError
+from ..common.cpu_engine_config import load_engine_config
+from ..common.lora import LORAS, LoraError, check_hf_adapter_dir, check_name
+from ..common.model_repository import LLMAPI_MODELS, TemplateError
 from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
 from .engine_packing import TOKENIZER_FILES, PackError, check_tag, copy_files
@@ -26,6 +31,7 @@ CHECKPOINT = "checkpoint"
 # Weights in formats the LLM API does not load from a checkpoint dir with safetensors: left out
 # (a Llama 3 download carries a second full copy in original/*.pth).
 SKIPPED_SUFFIXES = (".bin", ".pth", ".pt", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+CPU_SOURCES = ("demo", "synthetic")
 
 
 @dataclass
@@ -41,6 +47,8 @@ class LlmapiPlan:
     max_seq_len: int
     source: str = "checkpoint"
     route: str = WORKFLOW
+    llmapi_model: str = LLMAPI_MODELS[0]
+    loras: dict[str, list[Path]] = field(default_factory=dict)  # name: its files
     labels: dict[str, str] = field(default_factory=dict)
 
     def files(self) -> list[tuple[Path, Path]]:
@@ -57,6 +65,11 @@ class LlmapiPlan:
             for name in TOKENIZER_FILES
             if (self.tokenizer_dir / name).is_file()
         ]
+        pairs += [
+            (path, Path(LORAS) / adapter / path.name)
+            for adapter, paths in sorted(self.loras.items())
+            for path in paths
+        ]
         return pairs
 
     def total_bytes(self) -> int:
@@ -64,12 +77,19 @@ class LlmapiPlan:
 
     @property
     def cpu(self) -> bool:
-        """Served by the CPU stand-in (the demo); a real checkpoint asks BentoML for GPUs."""
-        return self.source == "demo"
+        """Served by the CPU stand-in (the demo, the synthetic engine); a real checkpoint asks
+        BentoML for GPUs."""
+        return self.source in CPU_SOURCES
 
     def _header(self) -> dict[str, Any]:
         """What the model store's metadata and the manifest both start with."""
-        return {"format": FORMAT, "workflow": WORKFLOW, "source": self.source, "route": self.route}
+        return {
+            "format": FORMAT,
+            "workflow": WORKFLOW,
+            "source": self.source,
+            "route": self.route,
+            "llmapi_model": self.llmapi_model,
+        }
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -92,12 +112,12 @@ class LlmapiPlan:
             "checkpoint": self.checkpoint.model_dump(mode="json", exclude={"path"}),
             "limits": self.limits(),
             "model_yaml": self.model_yaml,
-            "loras": [],
+            "loras": sorted(self.loras),
         }
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
         copy_files(self.files(), root, "checkpoint+tokenizer", show_progress)
-        write_llmapi_repository(root / REPOSITORY, self.model_yaml)
+        write_llmapi_repository(root / REPOSITORY, self.model_yaml, self.llmapi_model)
         (root / MANIFEST).write_text(json.dumps(self.manifest(), indent=2) + "\n")
 
 
@@ -115,16 +135,35 @@ def plan_llmapi(
     max_input_len: int | None = None,
     max_seq_len: int | None = None,
     llm_args: dict[str, Any] | None = None,
+    llmapi_model: str = LLMAPI_MODELS[0],
+    loras: dict[str, Path] | None = None,
 ) -> LlmapiPlan:
-    """Validate a checkpoint and decide what to store (raises PackError, writes nothing)."""
+    """Validate a checkpoint and decide what to store (raises PackError, writes nothing).
+    `source` "synthetic": `checkpoint_dir` is a synthetic CPU engine dir, for the CPU stand-in."""
     check_tag(name)
+    if llmapi_model not in LLMAPI_MODELS:
+        raise PackError(f"--llmapi-model {llmapi_model!r}: use {' or '.join(LLMAPI_MODELS)}")
     try:
-        info = inspect_checkpoint(
-            checkpoint_dir, tp_size=tp_size, pp_size=pp_size, gpus=gpus, tokenizer_dir=tokenizer_dir
-        )
+        if source == "synthetic":
+            info = synthetic_info(checkpoint_dir)
+        else:
+            info = inspect_checkpoint(
+                checkpoint_dir,
+                tp_size=tp_size,
+                pp_size=pp_size,
+                gpus=gpus,
+                tokenizer_dir=tokenizer_dir,
+            )
     except CheckpointError as error:
         raise PackError(str(error)) from error
     args = dict(llm_args or {})
+    adapters = _check_loras(loras or {})
+    if adapters:  # --llm-arg lora_config.<field> settings win over the derived ones
+        given = args.get("lora_config")
+        args["lora_config"] = {
+            **lora_config(adapters),
+            **(given if isinstance(given, dict) else {}),
+        }
     for key, value in (
         ("max_batch_size", max_batch_size),
         ("max_input_len", max_input_len),
@@ -159,7 +198,51 @@ def plan_llmapi(
         max_input_len=input_len,
         max_seq_len=seq_len,
         source=source,
-        labels={"engine": "cpu" if source == "demo" else WORKFLOW, "source": source},
+        llmapi_model=llmapi_model,
+        loras={name: files for name, (_, files) in adapters.items()},
+        labels={"engine": "cpu" if source in CPU_SOURCES else WORKFLOW, "source": source},
+    )
+
+
+def _check_loras(loras: dict[str, Path]) -> dict[str, tuple[int, list[Path]]]:
+    """Each Hugging Face adapter's rank and files (PackError names what is wrong)."""
+    checked = {}
+    for name, path in loras.items():
+        try:
+            check_name(name)
+            rank, files = check_hf_adapter_dir(Path(path))
+        except LoraError as error:
+            raise PackError(str(error)) from error
+        checked[name] = (rank, [file.resolve() for file in files])
+    return checked
+
+
+def lora_config(adapters: dict[str, tuple[int, list[Path]]]) -> dict[str, Any]:
+    """model.yaml's `lora_config` for the stored adapters: without one the LLM API ignores
+    LoRA requests. Its fields (lora_dir, max_lora_rank, max_loras, max_cpu_loras) are
+    LoraConfig's as read in TensorRT-LLM's source, not checked against a 1.2 install: pass
+    --llm-arg lora_config.<field>=... to set it yourself. The adapter dirs are relative to the
+    model's root until the service localizes them."""
+    return {
+        "lora_dir": [f"{LORAS}/{name}" for name in sorted(adapters)],
+        "max_lora_rank": max(rank for rank, _ in adapters.values()),
+        "max_loras": len(adapters),
+        "max_cpu_loras": len(adapters),
+    }
+
+
+def synthetic_info(engine_dir: Path) -> CheckpointInfo:
+    """A synthetic CPU engine dir described as the checkpoint the stand-in serves."""
+    try:
+        config = load_engine_config(engine_dir)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{engine_dir}: not a CPU engine dir: {error}") from error
+    return CheckpointInfo(
+        path=Path(engine_dir),
+        architecture=config.pretrained_config.architecture,
+        dtype=config.pretrained_config.dtype,
+        vocab_size=config.pretrained_config.vocab_size,
+        max_position_embeddings=config.build_config.max_seq_len,
     )
 
 
@@ -168,8 +251,8 @@ def describe_llmapi(pack: LlmapiPlan) -> str:
     return "\n".join(
         [
             f"model:        {pack.name}",
-            f"workflow:     llmapi ({pack.model_yaml['backend']} backend), {info.architecture}, "
-            f"{info.dtype}, tp={info.tp_size} pp={info.pp_size}",
+            f"workflow:     llmapi ({pack.model_yaml['backend']} backend, {pack.llmapi_model} "
+            f"model), {info.architecture}, {info.dtype}, tp={info.tp_size} pp={info.pp_size}",
             f"limits:       max_input_len={pack.max_input_len} max_seq_len={pack.max_seq_len}"
             f" max_batch_size={pack.max_batch_size or 'LLM API default'}",
             f"files:        {len(pack.files())} ({pack.total_bytes() / 1e6:.1f} MB) from "

@@ -1,11 +1,14 @@
-"""The llmapi model repository: NVIDIA's `tensorrt_llm` python model configured by model.yaml.
+"""The llmapi model repository: the `tensorrt_llm` python model configured by model.yaml.
 
-Unlike the engine templates there is nothing to substitute in config.pbtxt: the model's settings
-live in ``tensorrt_llm/1/model.yaml`` (NVIDIA's keys: ``model``, ``backend``,
+Unlike the engine templates there is nothing to substitute in config.pbtxt (only its
+`llmapi_model` parameter: ours, `bentotrtllm`, or NVIDIA's model.py, `nvidia`): the model's
+settings live in ``tensorrt_llm/1/model.yaml`` (NVIDIA's keys: ``model``, ``backend``,
 ``tensor_parallel_size``, ``pipeline_parallel_size``, ``triton_config.{max_batch_size,
-decoupled}``; every other key is an argument of ``tensorrt_llm.LLM``). ``model`` is stored
-relative to the model's root and made absolute on the serving machine by
-:func:`localize_model_yaml`, so a Bento built on one machine runs on another.
+decoupled}``; every other key is an argument of ``tensorrt_llm.LLM``, and
+``guided_decoding_backend: xgrammar`` is set unless an argument says otherwise, since the LLM
+API drops guides silently without it). ``model`` is stored relative to the model's root and
+made absolute on the serving machine by :func:`localize_model_yaml`, so a Bento built on one
+machine runs on another.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from google.protobuf import text_format
 
 from ..common.model_repository import (
     CONFIG_NAME,
     COPY_IGNORE,
+    LLMAPI_MODEL_PARAMETER,
+    LLMAPI_MODELS,
     MODEL_YAML,
     TemplateError,
     dump_model_yaml,
@@ -33,6 +39,7 @@ RESERVED_KEYS = frozenset(
     {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"}
 )
 BACKENDS = ("pytorch",)
+DEFAULT_LLM_ARGS = {"guided_decoding_backend": "xgrammar"}
 
 
 def parse_llm_args(items: Iterable[str]) -> dict[str, Any]:
@@ -88,23 +95,32 @@ def build_model_yaml(
         "tensor_parallel_size": tp_size,
         "pipeline_parallel_size": pp_size,
         "triton_config": {**template["triton_config"], "decoupled": decoupled},
+        **DEFAULT_LLM_ARGS,
     }
     data.update(llm_args or {})
     return data
 
 
-def write_llmapi_repository(dst: Path, model_yaml: Mapping[str, Any]) -> Path:
+def write_llmapi_repository(
+    dst: Path, model_yaml: Mapping[str, Any], llmapi_model: str = LLMAPI_MODELS[0]
+) -> Path:
     """Write the llmapi repository (config.pbtxt, 1/model.py, 1/model.yaml) to ``dst``.
 
     The config is parsed as Triton does before anything is written; ``dst`` must not exist.
     """
+    if llmapi_model not in LLMAPI_MODELS:
+        raise TemplateError(f"llmapi model {llmapi_model!r}: use {' or '.join(LLMAPI_MODELS)}")
     source = TEMPLATES_DIR / MODEL_NAME
-    config = parse_config((source / CONFIG_NAME).read_text(), source=f"{MODEL_NAME}/{CONFIG_NAME}")
+    text = (source / CONFIG_NAME).read_text()
+    config = parse_config(text, source=f"{MODEL_NAME}/{CONFIG_NAME}")
     if config.name != MODEL_NAME:
         raise TemplateError(f"{MODEL_NAME}/{CONFIG_NAME}: name is {config.name!r}")
     if Path(dst).exists():
         raise TemplateError(f"{dst} exists")
     target = Path(dst) / MODEL_NAME
     shutil.copytree(source, target, ignore=COPY_IGNORE)
+    if config.parameters[LLMAPI_MODEL_PARAMETER].string_value != llmapi_model:
+        config.parameters[LLMAPI_MODEL_PARAMETER].string_value = llmapi_model
+        (target / CONFIG_NAME).write_text(text_format.MessageToString(config))
     (target / "1" / MODEL_YAML).write_text(dump_model_yaml(model_yaml), encoding="utf-8")
     return Path(dst)

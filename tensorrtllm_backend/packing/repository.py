@@ -150,6 +150,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
                 "tokenizer_dir",
                 "guided_decoding_backend",
                 "xgrammar_tokenizer_info_path",
+                "stream_interval",
             ),
             "",
         ),

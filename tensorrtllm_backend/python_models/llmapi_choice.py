@@ -1,13 +1,26 @@
-"""Pick the llmapi model's implementation once, when Triton imports its model.py: NVIDIA's own
-model.py (the one NGC `*-trtllm-python-py3` images ship) where `tensorrt_llm` is importable, our
-CPU stand-in elsewhere (:mod:`.cpu_engine.llmapi_model`), or the one TRTLLM_LLMAPI_IMPL names."""
+"""Pick the llmapi model's implementation once, when Triton imports its model.py.
+
+The repository's config.pbtxt names it in the parameter `llmapi_model` (pack_model.py
+--llmapi-model): `bentotrtllm` (the default) is ours, :class:`.llmapi.model.LlmapiModel`, over
+`tensorrt_llm.LLM` or the CPU stand-in (TRTLLM_LLMAPI_IMPL decides); `nvidia` is NVIDIA's own
+model.py (the one NGC `*-trtllm-python-py3` images ship), loaded where tensorrt_llm is the
+engine. On a machine without tensorrt_llm ours serves either way: NVIDIA's model cannot run
+there, and ours answers its requests as it does.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
+from ..common.model_repository import (
+    CONFIG_NAME,
+    LLMAPI_MODEL_PARAMETER,
+    LLMAPI_MODELS,
+    parse_config,
+)
 from .stub_settings import LLMAPI_IMPL_ENV, LLMAPI_MODEL_PY_ENV, llmapi_impl, llmapi_model_py
 
 
@@ -24,19 +37,37 @@ def _load_nvidia(path: str) -> type:
     return module.TritonPythonModel  # type: ignore[no-any-return]
 
 
-def pick_model() -> type:
-    choice = llmapi_impl()
+def configured_model(model_dir: Path) -> str:
+    """The `llmapi_model` parameter of the model's config.pbtxt (bentotrtllm when absent)."""
+    config = parse_config((model_dir / CONFIG_NAME).read_text(), source=str(model_dir))
+    value = (
+        config.parameters[LLMAPI_MODEL_PARAMETER].string_value.strip()
+        if LLMAPI_MODEL_PARAMETER in config.parameters
+        else ""
+    )
+    choice = value or LLMAPI_MODELS[0]
+    if choice not in LLMAPI_MODELS:
+        raise RuntimeError(
+            f"{model_dir / CONFIG_NAME}: parameter {LLMAPI_MODEL_PARAMETER} is {choice!r}; "
+            f"use {' or '.join(LLMAPI_MODELS)}"
+        )
+    return choice
+
+
+def pick_model(model_dir: str | os.PathLike[str]) -> type:
+    """The TritonPythonModel class for the model in `model_dir` (the folder of config.pbtxt)."""
+    impl = llmapi_impl()
     has_trtllm = importlib.util.find_spec("tensorrt_llm") is not None  # no import: CUDA stays off
-    if choice == "nvidia" or (choice == "auto" and has_trtllm):
+    real_engine = impl == "tensorrt_llm" or (impl == "auto" and has_trtllm)
+    if configured_model(Path(model_dir)) == "nvidia" and real_engine:
         path = llmapi_model_py()
         if not os.path.isfile(path):
             raise RuntimeError(
-                f"tensorrt_llm is installed but NVIDIA's llmapi model.py was not found at {path}: "
-                f"set {LLMAPI_MODEL_PY_ENV} to it (TensorRT-LLM's "
-                "triton_backend/all_models/llmapi/tensorrt_llm/1/model.py), or "
-                f"{LLMAPI_IMPL_ENV}=cpu for the CPU stand-in"
+                f"NVIDIA's llmapi model.py was not found at {path}: set {LLMAPI_MODEL_PY_ENV} to "
+                "it (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py), "
+                f"or {LLMAPI_IMPL_ENV}=cpu for the CPU stand-in"
             )
         return _load_nvidia(path)
-    from .cpu_engine.llmapi_model import LlmapiCpuModel
+    from .llmapi.model import LlmapiModel
 
-    return LlmapiCpuModel
+    return LlmapiModel

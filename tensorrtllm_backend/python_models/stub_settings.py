@@ -13,7 +13,10 @@ ORPHAN_GRACE_ENV = "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S"
 LLMAPI_IMPL_ENV = "TRTLLM_LLMAPI_IMPL"
 LLMAPI_MODEL_PY_ENV = "TRTLLM_LLMAPI_MODEL_PY"
 NGC_LLMAPI_MODEL_PY = "/app/all_models/llmapi/tensorrt_llm/1/model.py"
-LLMAPI_IMPLS = ("auto", "nvidia", "cpu")
+LLMAPI_IMPLS = ("auto", "tensorrt_llm", "cpu")
+# NVIDIA's variable (theirs, not a TRTLLM_ one): another model.yaml (an absolute path wins),
+# read by their model and ours.
+NVIDIA_LLM_CONFIG_PATH = "LLM_CONFIG_PATH"
 
 
 def cpu_engine_grace_s() -> float:
@@ -23,8 +26,8 @@ def cpu_engine_grace_s() -> float:
 
 
 def llmapi_impl() -> str:
-    """Which implementation the llmapi model serves: auto (NVIDIA's where tensorrt_llm is
-    importable), nvidia or cpu."""
+    """The engine behind the llmapi model: tensorrt_llm (the LLM API), cpu (the CPU stand-in),
+    or auto (tensorrt_llm where it is importable)."""
     choice = os.environ.get(LLMAPI_IMPL_ENV, "").strip().lower() or "auto"
     if choice not in LLMAPI_IMPLS:
         *others, last = LLMAPI_IMPLS
@@ -35,3 +38,8 @@ def llmapi_impl() -> str:
 def llmapi_model_py() -> str:
     """Where NVIDIA's llmapi model.py is: $TRTLLM_LLMAPI_MODEL_PY, else the NGC image's."""
     return os.environ.get(LLMAPI_MODEL_PY_ENV) or NGC_LLMAPI_MODEL_PY
+
+
+def llm_config_path() -> str | None:
+    """$LLM_CONFIG_PATH: the model.yaml to read instead of 1/model.yaml."""
+    return os.environ.get(NVIDIA_LLM_CONFIG_PATH) or None

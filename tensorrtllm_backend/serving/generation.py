@@ -32,6 +32,7 @@ from .schemas import (
     SamplingParams,
     SequenceResult,
 )
+from .token_strings import TokenStrings
 from .translation import LoraTensors, sequence_index
 
 
@@ -116,22 +117,26 @@ class Generator:
         lora_supported: bool = False,
         guides: GuideCompiler | None = None,
         guides_unsupported: str | None = None,
+        top_log_probs_unsupported: str | None = None,
         offloader: Offloader | None = None,
     ) -> None:
         """`client`: the inference server requests stream through; `route`: the way through
         it (:mod:`.routes`), which builds each request's tensors and decodes its responses.
         `guides` compiles guided_decoding guides against the served tokenizer (one is made
         from `tokenizer` when not given); `guides_unsupported` says why this model cannot
-        enforce any guide (guided requests are then refused). `offloader` runs the work that
+        enforce any guide (guided requests are then refused); `top_log_probs_unsupported` why
+        its engine returns no alternatives to the chosen tokens. `offloader` runs the work that
         grows with a request off the event loop (:mod:`.offload`)."""
         self.client = client
         self.offloader = offloader or Offloader()
         self.guides = guides or GuideCompiler(tokenizer)
         self.guides_unsupported = guides_unsupported
+        self.top_log_probs_unsupported = top_log_probs_unsupported
         self.metrics = metrics
         self.loras = loras or LoraRegistry()
         self.lora_supported = lora_supported
         self.tokenizer = tokenizer
+        self.token_strings = TokenStrings(tokenizer)
         self.limits = limits
         self.route = route
         self.path: EngineRoute = make_route(route, tokenizer)
@@ -157,6 +162,8 @@ class Generator:
         """
         limits = self.limits
         self.path.check(params, lora)
+        if params.top_log_probs:
+            self._check_top_log_probs()
         adapter = self._adapter(lora)
         if params.beam_width > limits.max_beam_width:
             raise RequestError(
@@ -220,6 +227,13 @@ class Generator:
             request_id or new_request_id(), prompt, params, prompt_ids, api, adapter
         )
 
+    def _check_top_log_probs(self) -> None:
+        """Alternatives to the chosen tokens come only from an engine and route that return
+        them; a request for them elsewhere is refused, never answered with fewer."""
+        reason = self.path.no_top_log_probs or self.top_log_probs_unsupported
+        if reason is not None:
+            raise RequestError(reason, param="top_log_probs")
+
     async def admit(
         self,
         prompt: str,
@@ -276,8 +290,8 @@ class Generator:
             )
         if not self.lora_supported:
             raise RequestError(
-                "LoRA adapters need a TensorRT-LLM engine built with the LoRA plugin; this "
-                "model's engine does not apply them",
+                "LoRA adapters need TensorRT-LLM (an engine built with the LoRA plugin, or the "
+                "LLM API); this model's engine does not apply them",
                 param="lora",
             )
         return adapter
@@ -311,7 +325,7 @@ class Generator:
                 sequence = sequences[sequence_index(result)] if several else sequences[0]
                 if sequence.stopped:
                     continue  # cut at a stop string; the engine still runs its siblings
-                text, token_ids, count, log_probs = sequence.decode(result)
+                text, token_ids, count, log_probs, top = sequence.decode(result)
                 sequence.generated += count
                 if tracker is not None:
                     tracker.tokens(count)
@@ -319,7 +333,7 @@ class Generator:
                 emit, stopped = stops.feed(text) if stops.active else (text, False)
                 if emit or count:
                     yield GenerationChunk(
-                        emit, token_ids, log_probs, token_count=count, index=sequence.index
+                        emit, token_ids, log_probs, top, token_count=count, index=sequence.index
                     )
                 if stopped:
                     running -= 1
@@ -377,7 +391,9 @@ class Generator:
     ) -> AsyncGenerator[InferResult, None]:
         """Weights go with an adapter's first request; one evicted from the backend's cache is
         sent again with its weights."""
-        send_weights = self.loras.needs_weights(adapter)
+        # The llmapi model reads an adapter from its path: no weights travel, no cache to refill.
+        sends = self.path.sends_lora_weights
+        send_weights = sends and self.loras.needs_weights(adapter)
         for attempt in range(2):
             # np.load of the adapter's weights (megabytes) runs off the loop.
             weights = (
@@ -397,7 +413,7 @@ class Generator:
                 return
             except EngineModelError as error:
                 evicted = "not found" in str(error).lower()
-                if received or send_weights or not evicted or attempt:
+                if received or send_weights or not evicted or attempt or not sends:
                     raise
                 self.loras.mark_sent(adapter, sent=False)
                 send_weights = True
@@ -412,22 +428,25 @@ class Generator:
         (`lora_arrays`, as loaded already, or loaded here)."""
         lora = None
         if request.lora is not None:
-            if send_lora_weights:
-                weights, config = lora_arrays or request.lora.tensors()
+            adapter = request.lora
+            if send_lora_weights and self.path.sends_lora_weights:
+                weights, config = lora_arrays or adapter.tensors()
             else:
                 weights = config = None
-            lora = LoraTensors(request.lora.task_id, weights, config)
+            lora = LoraTensors(adapter.task_id, weights, config, adapter.name, str(adapter.path))
         tensors, outputs = self.path.inputs(request, lora)
         return tensors, list(outputs)
 
     async def collect(self, request: PreparedRequest) -> GenerationResult:
         """The non-streaming answer: the same stream, gathered per sequence."""
         want_log_probs = request.params.return_log_probs
+        want_top = bool(request.params.top_log_probs)
         sequences = [
             SequenceResult(
                 index,
                 log_probs=[] if want_log_probs else None,
                 log_prob_token_ids=[] if want_log_probs else None,
+                top_log_probs=[] if want_top else None,
             )
             for index in range(request.params.num_return_sequences)
         ]
@@ -441,6 +460,8 @@ class Generator:
                 if sequence.log_probs is not None and chunk.log_probs:
                     sequence.log_probs.extend(chunk.log_probs)
                     sequence.log_prob_token_ids.extend(chunk.token_ids)  # type: ignore[union-attr]
+                if sequence.top_log_probs is not None and chunk.top_log_probs:
+                    sequence.top_log_probs.extend(chunk.top_log_probs)
                 if chunk.finish_reason is not None:
                     sequence.finish_reason = chunk.finish_reason
                     cached = chunk.cached_tokens

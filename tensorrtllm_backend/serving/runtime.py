@@ -14,7 +14,12 @@ from typing import Any
 from ..common.engine_config import EngineInfo, inspect_engine
 from ..common.guides import GuideCompiler
 from ..common.lora import LoraRegistry
-from ..common.model_repository import CONFIG_NAME, TemplateError, parse_config
+from ..common.model_repository import (
+    CONFIG_NAME,
+    LLMAPI_MODELS,
+    TemplateError,
+    parse_config,
+)
 from ..common.model_store import ENGINES, REPOSITORY, TOKENIZER, read_manifest
 from ..common.tokenization import load_tokenizer
 from ..settings import Settings, load_settings
@@ -46,13 +51,31 @@ def _route(chosen: Route | None, manifest: dict[str, Any], workflow: str) -> Rou
     return route
 
 
+def _check_llmapi_model(manifest: dict[str, Any]) -> None:
+    """The llmapi route speaks token ids to our model; NVIDIA's stock model takes text only."""
+    model = manifest.get("llmapi_model", LLMAPI_MODELS[0])
+    if model != LLMAPI_MODELS[0]:
+        raise ValueError(
+            f"this model was packed with --llmapi-model {model}: NVIDIA's stock llmapi model "
+            "takes text prompts only, while the service's llmapi route sends token ids to the "
+            f"{LLMAPI_MODELS[0]} model (every per-request feature, exact usage). Repack without "
+            "--llmapi-model, or serve its model_repository with tritonserver directly"
+        )
+
+
+LLMAPI_CPU_SOURCES = ("demo", "synthetic")  # llmapi models packed for the CPU stand-in
+# Batch slots of an llmapi model packed without --max-batch-size: the CPU stand-in's default
+# (the LLM API's own is larger); each of a request's n sequences takes one.
+LLMAPI_DEFAULT_MAX_BATCH_SIZE = 64
+
+
 def _llmapi_limits(manifest: dict[str, Any]) -> EngineLimits:
     limits = manifest.get("limits") or {}
     return EngineLimits(
         max_input_len=int(limits["max_input_len"]),
         max_seq_len=int(limits["max_seq_len"]),
         max_beam_width=1,
-        max_batch_size=int(limits.get("max_batch_size") or 1),
+        max_batch_size=int(limits.get("max_batch_size") or LLMAPI_DEFAULT_MAX_BATCH_SIZE),
     )
 
 
@@ -68,7 +91,9 @@ class LLMRuntime:
         # The llmapi workflow has no engine: its limits were recorded at pack time, and the LLM
         # API starts its tp x pp ranks itself, under one tritonserver.
         self.engine: EngineInfo | None = None
+        self.manifest = manifest
         if self.workflow == LLMAPI_WORKFLOW:
+            _check_llmapi_model(manifest)
             self.limits = _llmapi_limits(manifest)
             self.launch_ranks = 1
         else:
@@ -148,11 +173,10 @@ class LLMRuntime:
             self.route,
             generation_metrics(),
             self.loras,
-            lora_supported=self.engine is not None
-            and self.engine.kind == "tensorrt_llm"
-            and self.engine.lora_enabled,
+            lora_supported=self._lora_supported(),
             guides=guides,
             guides_unsupported=guides_unsupported,
+            top_log_probs_unsupported=self._top_log_probs_unsupported(),
         )
         if settings.stall_timeout_s > 0:
             client = self._client
@@ -169,14 +193,52 @@ class LLMRuntime:
             self.route.value,
         )
 
+    def _lora_supported(self) -> bool:
+        """Engines built with the LoRA plugin apply adapters, and so does the LLM API; the CPU
+        engine and its llmapi stand-in do not."""
+        if self.engine is None:
+            return self.manifest.get("source") not in LLMAPI_CPU_SOURCES
+        return self.engine.kind == "tensorrt_llm" and self.engine.lora_enabled
+
+    def _top_log_probs_unsupported(self) -> str | None:
+        """Why this model's engine returns no alternatives to the chosen tokens (None: it does:
+        the LLM API and the CPU engine)."""
+        if self.engine is not None and self.engine.kind == "tensorrt_llm":
+            return (
+                "top log probs are not available with TensorRT-LLM engines: the C++ tensorrtllm "
+                "backend returns the chosen token's log prob only (the LLM API workflow, "
+                "pack_model.py --workflow llmapi, returns alternatives)"
+            )
+        return None
+
     def _guides_unsupported(self) -> str | None:
         """Why this model cannot enforce guided decoding, or None when it can."""
-        if self.engine is None:
+        reason = (
+            self._engine_guides_unsupported()
+            if self.engine is not None
+            else self._llmapi_guides_unsupported()
+        )
+        if reason is None and importlib.util.find_spec("xgrammar") is None:
+            return "guided decoding needs the xgrammar package in the service's environment"
+        return reason
+
+    def _llmapi_guides_unsupported(self) -> str | None:
+        if self.manifest.get("source") == "synthetic":
             return (
-                "guided decoding is not offered by the LLM API workflow: NVIDIA's llmapi Triton "
-                "model takes no guide inputs (pack TensorRT-LLM engines for guided decoding)"
+                "guided decoding needs a model with logits; this model's synthetic CPU engine "
+                "has none (pack --demo or a checkpoint)"
             )
-        if self.engine.kind == "cpu" and self.engine.cpu_mode == "synthetic":
+        if not (self.manifest.get("model_yaml") or {}).get("guided_decoding_backend"):
+            return (
+                "guided decoding is off for this model: its model.yaml sets no "
+                "guided_decoding_backend (repack it; pack_model.py sets xgrammar by default)"
+            )
+        return None
+
+    def _engine_guides_unsupported(self) -> str | None:
+        engine = self.engine
+        assert engine is not None
+        if engine.kind == "cpu" and engine.cpu_mode == "synthetic":
             return (
                 "guided decoding needs a model with logits; this model's synthetic CPU engine "
                 "has none (pack --demo, --hf-model or a TensorRT-LLM engine)"
@@ -198,8 +260,6 @@ class LLMRuntime:
                 "guided decoding is off for this model: NVIDIA's C++ backend needs "
                 "xgrammar_tokenizer_info_path, which pack_model.py fills; repack the model"
             )
-        if importlib.util.find_spec("xgrammar") is None:
-            return "guided decoding needs the xgrammar package in the service's environment"
         return None
 
     def _models_to_load(self) -> tuple[str, ...]:

@@ -7,10 +7,18 @@ Limits that depend on the engine (prompt length, max_tokens, beam width) are che
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 UINT64_MAX = 2**64 - 1
 MAX_STOP_WORDS = 16
@@ -19,8 +27,17 @@ MAX_WORD_CHARS = 256
 MAX_PROMPT_CHARS = 1_000_000
 MAX_RETURN_SEQUENCES = 64
 MAX_GUIDE_CHARS = 256_000
+MAX_TOP_LOG_PROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+# A log prob of a token the engine gives no chance (-inf): OpenAI's floor, as trtllm-serve and
+# vLLM send it (JSON has no infinity).
+LOG_PROB_FLOOR = -9999.0
+
+TopLogProbs = tuple[list[int], list[float]]
+"""One token's alternatives: their ids and log probs, the most likely first."""
 
 Word = Annotated[str, StringConstraints(min_length=1, max_length=MAX_WORD_CHARS)]
+TokenStrings = Callable[[list[int]], list[str]]
+"""The text of each of a list of token ids."""
 
 
 class FinishReason(str, enum.Enum):
@@ -89,6 +106,14 @@ class SamplingParams(BaseModel):
         "a batch slot of the engine). Sequence i samples with seed + i.",
     )
     return_log_probs: bool = Field(False, description="Return per-token log probabilities.")
+    top_log_probs: int = Field(
+        0,
+        ge=0,
+        le=MAX_TOP_LOG_PROBS,
+        description="With return_log_probs: also return this many most likely tokens at each "
+        "position, with their log probabilities (engines that return them: the LLM API and the "
+        "CPU engine).",
+    )
     exclude_input_in_output: bool = Field(
         True, description="When false, the returned text starts with the prompt."
     )
@@ -96,6 +121,12 @@ class SamplingParams(BaseModel):
     guided_decoding: GuidedDecoding | None = Field(
         None, description="Constrain the output to a JSON schema, regex or grammar."
     )
+
+    @model_validator(mode="after")
+    def _top_needs_log_probs(self) -> SamplingParams:
+        if self.top_log_probs and not self.return_log_probs:
+            raise ValueError("top_log_probs needs return_log_probs: true")
+        return self
 
 
 class GenerateRequest(SamplingParams):
@@ -131,6 +162,14 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None  # the OpenAI APIs report it
 
 
+class TopLogProb(BaseModel):
+    """One of the most likely tokens at a position."""
+
+    token_id: int
+    token: str
+    log_prob: float
+
+
 class GeneratedSequence(BaseModel):
     """One of several sequences generated for a prompt (num_return_sequences > 1)."""
 
@@ -140,6 +179,7 @@ class GeneratedSequence(BaseModel):
     completion_tokens: int
     log_probs: list[float] | None = None
     cum_log_prob: float | None = None
+    top_log_probs: list[list[TopLogProb]] | None = None
 
 
 class GenerateResponse(BaseModel):
@@ -150,6 +190,9 @@ class GenerateResponse(BaseModel):
     usage: Usage
     log_probs: list[float] | None = None
     cum_log_prob: float | None = None
+    top_log_probs: list[list[TopLogProb]] | None = Field(
+        None, description="top_log_probs > 0: the most likely tokens at each position."
+    )
     sequences: list[GeneratedSequence] | None = Field(
         None,
         description="Every sequence when num_return_sequences > 1 (then `text`, "
@@ -164,6 +207,7 @@ class GenerationChunk:
     text: str
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] | None = None
+    top_log_probs: list[TopLogProbs] | None = None  # one entry per token, when asked for
     finish_reason: FinishReason | None = None
     # Tokens generated in this step. Equals len(token_ids) on the direct route; the text routes
     # count Triton responses (one per step) and their token_ids are the re-encoded text.
@@ -183,10 +227,24 @@ class SequenceResult:
     finish_reason: FinishReason = FinishReason.STOP
     log_probs: list[float] | None = None
     log_prob_token_ids: list[int] | None = None  # the tokens behind log_probs
+    top_log_probs: list[TopLogProbs] | None = None
 
     @property
     def cum_log_prob(self) -> float | None:
         return sum(self.log_probs) if self.log_probs is not None else None
+
+    def top_entries(self, token_strings: TokenStrings) -> list[list[TopLogProb]] | None:
+        """The alternatives with their text (every token decoded in one call)."""
+        if self.top_log_probs is None:
+            return None
+        texts = iter(token_strings([i for ids, _ in self.top_log_probs for i in ids]))
+        return [
+            [
+                TopLogProb(token_id=i, token=next(texts), log_prob=lp)
+                for i, lp in zip(ids, lps, strict=True)
+            ]
+            for ids, lps in self.top_log_probs
+        ]
 
 
 @dataclass(slots=True)
@@ -201,8 +259,22 @@ class GenerationResult:
     def completion_tokens(self) -> int:
         return sum(sequence.completion_tokens for sequence in self.sequences)
 
-    def to_response(self) -> GenerateResponse:
+    @property
+    def render_size(self) -> int:
+        """About the characters rendering the answer handles (its text, and a few per token
+        named in log probs and their alternatives): what decides whether that runs off the
+        event loop."""
+        return sum(
+            len(sequence.text)
+            + 8 * len(sequence.log_probs or ())
+            + 8 * sum(len(ids) for ids, _ in sequence.top_log_probs or ())
+            for sequence in self.sequences
+        )
+
+    def to_response(self, token_strings: TokenStrings) -> GenerateResponse:
+        """The native answer; `token_strings` gives the text of token ids (for alternatives)."""
         first = self.sequences[0]
+        tops = [sequence.top_entries(token_strings) for sequence in self.sequences]
         return GenerateResponse(
             text=first.text,
             finish_reason=first.finish_reason,
@@ -213,9 +285,18 @@ class GenerationResult:
             ),
             log_probs=first.log_probs,
             cum_log_prob=first.cum_log_prob,
+            top_log_probs=tops[0],
             sequences=[
-                GeneratedSequence.model_validate(sequence, from_attributes=True)
-                for sequence in self.sequences
+                GeneratedSequence(
+                    index=sequence.index,
+                    text=sequence.text,
+                    finish_reason=sequence.finish_reason,
+                    completion_tokens=sequence.completion_tokens,
+                    log_probs=sequence.log_probs,
+                    cum_log_prob=sequence.cum_log_prob,
+                    top_log_probs=top,
+                )
+                for sequence, top in zip(self.sequences, tops, strict=True)
             ]
             if len(self.sequences) > 1
             else None,

@@ -1,32 +1,44 @@
-"""The contract's tensors that the engine routes share (:mod:`.routes.direct`,
+"""The contract's tensors that the routes share (:mod:`.routes.direct`, :mod:`.routes.llmapi`,
 :mod:`.routes.text`): sampling, guide and LoRA inputs, and the outputs every engine response may
-carry (sequence index, log probs).
+carry (sequence index, log probs and their alternatives).
 
-Every tensor carries the leading batch dimension of 1 that ``max_batch_size > 0`` models expect.
+Inputs carry the leading batch dimension of 1 that ``max_batch_size > 0`` models expect unless a
+route builds them one-dimensional (``scalar`` is the function that makes each value); outputs
+are read whatever their leading dimensions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from .schemas import SamplingParams
+from ..common.engine_api import EngineModelError
+from .schemas import LOG_PROB_FLOOR, SamplingParams, TopLogProbs
 
 NO_END_ID = -1  # TensorRT-LLM's "never stop on an end token"
+TOP_OUTPUTS = ("output_top_token_ids", "output_top_log_probs")
 
 
 def scalar(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
     return np.array([[value]], dtype=dtype)
 
 
+Scalar = Callable[[float | int | bool, type[np.generic]], np.ndarray]
+
+
 @dataclass(frozen=True, slots=True)
 class LoraTensors:
+    """An adapter as a request sends it: the C++ backend's task id with its weights on first
+    use; the llmapi model's name and path (on this machine) with the id."""
+
     task_id: int
     weights: np.ndarray | None = None  # [1, N, D] float16, sent on first use
     config: np.ndarray | None = None  # [1, N, 3] int32
+    name: str = ""
+    path: str = ""
 
     def tensors(self) -> dict[str, np.ndarray]:
         tensors = {"lora_task_id": scalar(self.task_id, np.uint64)}
@@ -51,25 +63,36 @@ def sampling_values(params: SamplingParams) -> dict[str, tuple[object, type[np.g
     }
 
 
-def sampling_tensors(params: SamplingParams, names: dict[str, str]) -> dict[str, np.ndarray]:
-    """Optional sampling inputs; `names` maps our field names to the model's input names."""
+def sampling_tensors(
+    params: SamplingParams, names: dict[str, str], make: Scalar = scalar
+) -> dict[str, np.ndarray]:
+    """Optional sampling inputs; `names` maps our field names to the model's input names (the
+    C++ backend's by default); `make` builds each value's tensor."""
     tensors = {
-        names.get(field, field): scalar(value, dtype)  # type: ignore[arg-type]
+        names.get(field, field): make(value, dtype)  # type: ignore[arg-type]
         for field, (value, dtype) in sampling_values(params).items()
         if value is not None
     }
     if params.beam_width != 1:
-        tensors["beam_width"] = scalar(params.beam_width, np.int32)
+        tensors[names.get("beam_width", "beam_width")] = make(params.beam_width, np.int32)
     if params.num_return_sequences != 1:  # only then: older engines lack this input
-        tensors["num_return_sequences"] = scalar(params.num_return_sequences, np.int32)
-    if params.return_log_probs:
-        tensors["return_log_probs"] = scalar(True, np.bool_)
-    tensors.update(guided_tensors(params))
+        name = names.get("num_return_sequences", "num_return_sequences")
+        tensors[name] = make(params.num_return_sequences, np.int32)
+    # An empty name: the model has no such input (the llmapi model takes both as one count).
+    if params.return_log_probs and (name := names.get("return_log_probs", "return_log_probs")):
+        tensors[name] = make(True, np.bool_)
+    if params.top_log_probs and (name := names.get("top_log_probs", "top_log_probs")):
+        tensors[name] = make(params.top_log_probs, np.int32)
+    tensors.update(guided_tensors(params, make))
     return tensors
 
 
-def guided_tensors(params: SamplingParams) -> dict[str, np.ndarray]:
-    """`guided_decoding_guide_type` / `guided_decoding_guide` (STRING [1, 1]) of a guided request.
+def _strings(value: str, make: Scalar) -> np.ndarray:
+    return make(value.encode(), np.object_)  # type: ignore[arg-type]
+
+
+def guided_tensors(params: SamplingParams, make: Scalar = scalar) -> dict[str, np.ndarray]:
+    """`guided_decoding_guide_type` / `guided_decoding_guide` (STRING) of a guided request.
 
     The guide goes only with types that have one: TensorRT-LLM reads `json` without a guide as
     "any JSON", and an empty guide would not mean the same.
@@ -77,17 +100,19 @@ def guided_tensors(params: SamplingParams) -> dict[str, np.ndarray]:
     guided = params.guided_decoding
     if guided is None:
         return {}
-    tensors = {"guided_decoding_guide_type": np.array([[guided.type.encode()]], dtype=np.object_)}
+    tensors = {"guided_decoding_guide_type": _strings(guided.type, make)}
     if guided.guide:
-        tensors["guided_decoding_guide"] = np.array([[guided.guide.encode()]], dtype=np.object_)
+        tensors["guided_decoding_guide"] = _strings(guided.guide, make)
     return tensors
 
 
 def optional_outputs(params: SamplingParams) -> list[str]:
-    """Outputs both routes request only when the request needs them."""
+    """Outputs the routes request only when the request needs them."""
     names = []
     if params.return_log_probs:
         names.append("output_log_probs")
+    if params.top_log_probs:
+        names += TOP_OUTPUTS
     if params.num_return_sequences != 1:
         names.append("sequence_index")
     return names
@@ -124,4 +149,20 @@ def response_log_probs(result: InferResult, count: int) -> list[float]:
     log_probs = result.as_numpy("output_log_probs")
     if log_probs is None or log_probs.size == 0 or count <= 0:
         return []
-    return log_probs.reshape(-1)[-count:].astype(float).tolist()
+    return np.maximum(log_probs.reshape(-1)[-count:], LOG_PROB_FLOOR).astype(float).tolist()
+
+
+def response_top_log_probs(result: InferResult, count: int, k: int) -> list[TopLogProbs]:
+    """The alternatives of the last `count` tokens of beam 0: k ids and log probs each. An
+    engine that sent fewer than asked for is an error, never a shorter list."""
+    ids = result.as_numpy(TOP_OUTPUTS[0])
+    values = result.as_numpy(TOP_OUTPUTS[1])
+    if count <= 0:
+        return []
+    if ids is None or values is None or ids.size < count * k or ids.shape[-1] != k:
+        raise EngineModelError(
+            f"the engine returned no {k} alternatives for each of its {count} new tokens"
+        )
+    rows = ids.reshape(-1, k)[-count:].tolist()
+    floored = np.maximum(values.reshape(-1, k)[-count:], LOG_PROB_FLOOR).astype(float).tolist()
+    return list(zip(rows, floored, strict=True))

@@ -100,19 +100,29 @@ def localize_repository(
 
 
 def localize_model_yaml(repository: Path, model_root: Path) -> list[Path]:
-    """Make a relative ``model`` in every ``*/1/model.yaml`` of ``repository`` absolute under
-    ``model_root``, in place; returns the files rewritten. Hub ids (``org/name``) that do not
-    exist under the model root are left alone."""
+    """Make a relative ``model`` (and ``lora_config.lora_dir`` entries) in every
+    ``*/1/model.yaml`` of ``repository`` absolute under ``model_root``, in place; returns the
+    files rewritten. Hub ids (``org/name``) that do not exist under the model root are left
+    alone."""
     root = Path(os.path.abspath(model_root))
+
+    def local(value: object) -> object:
+        if isinstance(value, str) and not os.path.isabs(value) and (root / value).exists():
+            return os.path.normpath(root / value)
+        return value
+
     changed = []
     for path in sorted(Path(repository).glob(f"*/*/{MODEL_YAML}")):
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("model"), str):
             continue
-        value = data["model"]
-        if os.path.isabs(value) or not (root / value).exists():
+        before = yaml.safe_dump(data)
+        data["model"] = local(data["model"])
+        lora = data.get("lora_config")
+        if isinstance(lora, dict) and isinstance(lora.get("lora_dir"), list):
+            lora["lora_dir"] = [local(value) for value in lora["lora_dir"]]
+        if yaml.safe_dump(data) == before:
             continue
-        data["model"] = os.path.normpath(root / value)
         path.write_text(dump_model_yaml(data), encoding="utf-8")
         changed.append(path)
     return changed

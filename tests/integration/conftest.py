@@ -42,6 +42,13 @@ def demo_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def llmapi_demo_model() -> str:
+    """The demo checkpoint packed for the LLM API workflow, with demo_model's limits (the same
+    weights: greedy text is the same on both routes)."""
+    return pack("--demo", "--workflow", "llmapi", "--max-input-len", "256", "--max-seq-len", "512")
+
+
+@pytest.fixture(scope="session")
 def synthetic_model() -> str:
     return pack("--synthetic", "--itl-ms", "2", "--max-input-len", "256", "--max-seq-len", "1024")
 
@@ -239,6 +246,26 @@ def demo_server(demo_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
     server = start_bento_server(demo_model, tmp_path_factory.mktemp("demo-server"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def llmapi_demo_server(
+    llmapi_demo_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BentoServer]:
+    """`bentoml serve` of llmapi_demo_model: the llmapi route to our LLM-API model."""
+    server = start_bento_server(llmapi_demo_model, tmp_path_factory.mktemp("llmapi-demo-server"))
+    yield server
+    server.stop()
+
+
+ROUTE_SERVERS = {"direct": "demo_server", "llmapi": "llmapi_demo_server"}
+
+
+@pytest.fixture(scope="module", params=list(ROUTE_SERVERS))
+def route_server(request: pytest.FixtureRequest) -> BentoServer:
+    """The demo model served on each token-id route in turn: `direct` (the CPU engine in
+    tensorrt_llm) and `llmapi` (our LLM-API model on its CPU stand-in)."""
+    return request.getfixturevalue(ROUTE_SERVERS[request.param])  # type: ignore[no-any-return]
 
 
 def _metrics_server_fixture(name: str, model_fixture: str, doc: str) -> Callable[..., object]:

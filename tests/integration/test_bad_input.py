@@ -122,6 +122,12 @@ NATIVE_CASES = [
     ),  # fmt: skip
     *_native("unknown-field", {"prompt": "hi", "temprature": 0.5}, "temprature"),
     *_native("log-probs-wrong-type", {"prompt": "hi", "return_log_probs": "maybe"}, "log_probs"),
+    *_native("top-log-probs-alone", {"prompt": "hi", "top_log_probs": 2}, "needs return_log"),
+    *_native(
+        "top-log-probs-above-20",
+        {"prompt": "hi", "return_log_probs": True, "top_log_probs": 21},
+        "top_log_probs",
+    ),  # fmt: skip
     *_native("malformed-json", b'{"prompt": "hi"', "json"),
     *_native("non-utf8", b'{"prompt": "\xff\xfe hi"}', "json"),
     *_native("not-an-object", b"[1, 2]", "object"),
@@ -184,7 +190,10 @@ OPENAI_CASES = [
         "context_length_exceeded",
         chat=True,
     ),  # fmt: skip
-    *_openai("top-logprobs", {"logprobs": True, "top_logprobs": 2}, "top_logprobs", chat=True),
+    *_openai("top-logprobs-alone", {"top_logprobs": 2}, "top_logprobs needs logprobs", chat=True),
+    *_openai(
+        "top-logprobs-above-20", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", chat=True
+    ),  # fmt: skip
     *_openai("max-tokens-zero", {"max_tokens": 0}, "max_tokens"),
     *_openai("max-tokens-negative", {"max_tokens": -1}, "max_tokens"),
     *_openai("max-tokens-beyond-engine", {"max_tokens": 100000}, "max_seq_len"),

@@ -42,13 +42,21 @@ SLOW = "trtllm_slow"  # synthetic, ITL 5 ms, one batch slot (queueing / cancella
 SYNC = "trtllm_sync"  # synthetic, non-decoupled model transaction policy
 HF = "trtllm_hf"  # demo checkpoint through transformers
 MULTI = "trtllm_multi"  # synthetic, ITL 5 ms, 4 batch slots (num_return_sequences, cancellation)
+INTERVAL = "trtllm_interval"  # synthetic, ITL 0, the template's stream_interval filled with 4
+# Template options beyond the backend, the engine and the policy, per model.
+OPTIONS = {INTERVAL: {"stream_interval": "4"}}
 
 
 def _add_model(repo: Path, name: str, engine_dir: Path, *, decoupled: bool, work: Path) -> None:
     """Fill the real tensorrt_llm template for the CPU engine and install it under `name`."""
     filled = fill_repository(
         work / f"fill-{name}",
-        {"triton_backend": "python", "engine_dir": str(engine_dir), "decoupled_mode": decoupled},
+        {
+            "triton_backend": "python",
+            "engine_dir": str(engine_dir),
+            "decoupled_mode": decoupled,
+            **OPTIONS.get(name, {}),
+        },
         models=("tensorrt_llm",),
     )
     target = repo / name
@@ -64,6 +72,7 @@ SYNTHETIC = {
     SLOW: {"itl_ms": 5, "max_batch_size": 1},
     SYNC: {},
     MULTI: {"itl_ms": 5, "max_batch_size": 4},
+    INTERVAL: {},
 }
 
 
@@ -273,6 +282,26 @@ async def test_non_streaming_includes_prompt_unless_excluded(client):
         for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
     ]
     assert 0 < times[0] <= times[1] <= times[2] <= int(result.as_numpy("last_token_time_ns")[0, 0])
+
+
+async def test_stream_interval_parameter_groups_tokens(client):
+    responses = await stream(client, INTERVAL, PROMPT, 10, streaming=True)
+    assert [ids.shape[-1] for ids, _, _ in responses] == [1, 4, 4, 1]
+    assert tokens_of(responses) == predict_tokens(PROMPT, 10, vocab_size=VOCAB, eos_token_id=EOS)
+
+
+async def test_top_log_probs_come_with_each_token(client):
+    expected = predict_tokens(PROMPT, 3, vocab_size=VOCAB, eos_token_id=EOS)
+    streamed = await stream(
+        client, FAST, PROMPT, 3, streaming=True, return_log_probs=True, top_log_probs=2
+    )
+    for token, (_, result, _) in zip(expected, streamed, strict=True):
+        assert result.as_numpy("output_top_token_ids")[0, 0].tolist() == [[token, token + 1]]
+        assert result.as_numpy("output_top_log_probs")[0, 0].tolist() == [[0.0, float("-inf")]]
+    (whole,) = await stream(client, FAST, PROMPT, 3, top_log_probs=2, return_log_probs=True)
+    assert whole[1].as_numpy("output_top_token_ids")[0, 0, :, 0].tolist() == expected
+    with pytest.raises(InferenceServerException, match="top_log_probs must be 0 to 20"):
+        await stream(client, FAST, PROMPT, 3, top_log_probs=21)
 
 
 async def test_end_id_and_stop_words(client):

@@ -1,5 +1,6 @@
 """Guided decoding through the real service: the demo model's output, whatever its random weights
-prefer, follows the JSON schema / regex / JSON it was given, on every route."""
+prefer, follows the JSON schema / regex / JSON it was given, on every route (the token-id routes,
+direct and llmapi, through `route_server`; the text routes below)."""
 
 from __future__ import annotations
 
@@ -61,12 +62,12 @@ def assert_follows_schema(text: str) -> None:
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
-def test_json_schema_output_validates(demo_server: BentoServer) -> None:
-    greedy = generate_text(demo_server.url, schema_request(temperature=0))
+def test_json_schema_output_validates(route_server: BentoServer) -> None:
+    greedy = generate_text(route_server.url, schema_request(temperature=0))
     assert_follows_schema(greedy["text"])
     assert greedy["finish_reason"] == "stop"
     sampled = generate_text(
-        demo_server.url,
+        route_server.url,
         schema_request(temperature=1.0, top_k=50, seed=11, num_return_sequences=3),
     )
     texts = [sequence["text"] for sequence in sampled["sequences"]]
@@ -75,10 +76,10 @@ def test_json_schema_output_validates(demo_server: BentoServer) -> None:
     assert len(set(texts)) > 1  # one matcher per sequence, each sampled on its own
 
 
-def test_streamed_generate_follows_the_schema(demo_server: BentoServer) -> None:
+def test_streamed_generate_follows_the_schema(route_server: BentoServer) -> None:
     body = schema_request(temperature=0.7, top_p=0.95, seed=5)
     with httpx.stream(
-        "POST", f"{demo_server.url}/generate", json=body, timeout=TIMEOUT
+        "POST", f"{route_server.url}/generate", json=body, timeout=TIMEOUT
     ) as response:
         assert response.status_code == 200, response.read()
         pieces = list(response.iter_text())
@@ -86,42 +87,42 @@ def test_streamed_generate_follows_the_schema(demo_server: BentoServer) -> None:
     assert_follows_schema("".join(pieces))
 
 
-def test_regex_and_json_guides(demo_server: BentoServer) -> None:
+def test_regex_and_json_guides(route_server: BentoServer) -> None:
     for seed in (1, 2):
         text = generate_text(
-            demo_server.url, guided("regex", REGEX, temperature=0.8, top_k=40, seed=seed)
+            route_server.url, guided("regex", REGEX, temperature=0.8, top_k=40, seed=seed)
         )["text"]
         assert re.fullmatch(REGEX, text), text
     # `json` without a guide: any JSON value (compact), ended by max_tokens or by the end token.
-    result = generate_text(demo_server.url, guided("json", temperature=0))
+    result = generate_text(route_server.url, guided("json", temperature=0))
     if result["finish_reason"] == "stop":
         json.loads(result["text"])
     grammar = 'root ::= "yes" | "no" | "maybe"'
-    text = generate_text(demo_server.url, guided("ebnf_grammar", grammar, temperature=0))["text"]
+    text = generate_text(route_server.url, guided("ebnf_grammar", grammar, temperature=0))["text"]
     assert text in ("yes", "no", "maybe")
 
 
-def test_guided_and_unguided_share_the_engine(demo_server: BentoServer) -> None:
+def test_guided_and_unguided_share_the_engine(route_server: BentoServer) -> None:
     plain = {"prompt": PROMPT, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
     bodies = [schema_request(temperature=0.9, top_k=50, seed=i) for i in range(4)] + [plain] * 4
     with ThreadPoolExecutor(len(bodies)) as pool:
-        results = list(pool.map(lambda body: generate_text(demo_server.url, body), bodies))
+        results = list(pool.map(lambda body: generate_text(route_server.url, body), bodies))
     for result in results[:4]:
         assert_follows_schema(result["text"])
     unguided = [result for result in results[4:]]
     assert all(result["usage"]["completion_tokens"] == 48 for result in unguided)
     # The unguided text is the model's own, unchanged by the guided requests beside it.
     assert len({result["text"] for result in unguided}) == 1
-    assert unguided[0]["text"] == generate_text(demo_server.url, plain)["text"]
+    assert unguided[0]["text"] == generate_text(route_server.url, plain)["text"]
 
 
-def test_bad_guide_takes_no_engine_slot(demo_server: BentoServer) -> None:
+def test_bad_guide_takes_no_engine_slot(route_server: BentoServer) -> None:
     """A guide that does not compile is refused by the service: the engine never counts it."""
     bad = guided("regex", "(unclosed")
-    response = httpx.post(f"{demo_server.url}/generate_text", json=bad, timeout=TIMEOUT)
+    response = httpx.post(f"{route_server.url}/generate_text", json=bad, timeout=TIMEOUT)
     assert response.status_code == 400
     assert "does not compile" in response.json()["error"]
-    assert_follows_schema(generate_text(demo_server.url, schema_request(temperature=0))["text"])
+    assert_follows_schema(generate_text(route_server.url, schema_request(temperature=0))["text"])
 
 
 @pytest.mark.parametrize("route", ["ensemble", "bls"])

@@ -1,10 +1,14 @@
-"""The LLM API workflow end to end on CPU: `pack_model.py --demo --workflow llmapi`, the llmapi
-`tensorrt_llm` model in a real tritonserver called with NVIDIA's tensors, and `bentoml serve`
-answering the native and OpenAI APIs through it."""
+"""The LLM API workflow end to end on CPU: `pack_model.py --demo --workflow llmapi`, our llmapi
+`tensorrt_llm` model in a real tritonserver called with NVIDIA's tensors (a request written for
+NVIDIA's stock model gets NVIDIA's outputs) and with ours (token ids in, deltas out), and
+`bentoml serve` answering the native and OpenAI APIs through it (the features shared with the
+direct route are tested over both routes in test_openai_api.py, test_openai_structured.py and
+test_guided_service.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,13 +19,14 @@ import numpy as np
 import openai
 import pytest
 import yaml
-from conftest import BentoServer, pack, start_bento_server
+from conftest import BentoServer, engine_counters, pack, start_bento_server
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
 from tensorrtllm_backend.triton.command import TritonServerConfig, find_free_port
 from tensorrtllm_backend.triton.localize import localize_repository
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -167,13 +172,24 @@ def triton_http_port() -> int:
 
 
 @pytest.fixture(scope="module")
+def triton_metrics_port() -> int:
+    return find_free_port()
+
+
+@pytest.fixture(scope="module")
 def server(
-    llmapi_model: str, triton_http_port: int, tmp_path_factory: pytest.TempPathFactory
+    llmapi_model: str,
+    triton_http_port: int,
+    triton_metrics_port: int,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[BentoServer]:
     server = start_bento_server(
         llmapi_model,
         tmp_path_factory.mktemp("llmapi-server"),
-        env={"TRTLLM_TRITON_HTTP_PORT": str(triton_http_port)},  # to look at Triton's model
+        env={  # to look at Triton's model and count what it served
+            "TRTLLM_TRITON_HTTP_PORT": str(triton_http_port),
+            "TRTLLM_TRITON_METRICS_PORT": str(triton_metrics_port),
+        },
     )
     yield server
     server.stop()
@@ -194,15 +210,19 @@ def test_stored_model_yaml_points_at_the_stored_checkpoint(llmapi_model: str) ->
 
 
 def test_generate_streams_through_the_llmapi_model(
-    server: BentoServer, triton_http_port: int
+    server: BentoServer, triton_http_port: int, triton_metrics_port: int
 ) -> None:
     config = _triton_model(triton_http_port, "config")
     assert {t["name"] for t in config["input"]} >= {"text_input", "sampling_param_max_tokens"}
     assert config["model_transaction_policy"]["decoupled"] is True
 
     def served() -> int:
-        stats = _triton_model(triton_http_port, "stats")["model_stats"][0]
-        return int(stats["inference_stats"]["success"]["count"])
+        """Requests tensorrt_llm has served, by Triton's own metric (published every 2 s)."""
+        text = httpx.get(f"http://127.0.0.1:{triton_metrics_port}/metrics", timeout=10).text
+        found = re.search(
+            r'^nv_inference_request_success\{model="tensorrt_llm",version="1"\} (\S+)$', text, re.M
+        )
+        return int(float(found.group(1))) if found else 0
 
     before = served()
     body = {"prompt": PROMPT, "max_tokens": 16}
@@ -214,7 +234,8 @@ def test_generate_streams_through_the_llmapi_model(
     assert result["text"] == "".join(chunks)  # greedy: streamed and whole agree
     assert result["finish_reason"] == "length"
     assert result["usage"]["completion_tokens"] == 16
-    assert served() == before + 2  # both requests went to the llmapi tensorrt_llm model
+    # Both requests went to the llmapi tensorrt_llm model.
+    assert wait_for(lambda: served() == before + 2, timeout=15)
 
 
 def test_generate_text_cuts_at_stop_strings(server: BentoServer) -> None:
@@ -247,18 +268,94 @@ def test_openai_chat_completions_answer(server: BentoServer, llmapi_model: str) 
     assert streamed == answer.choices[0].message.content
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("bad_words", ["x"]),
-        ("beam_width", 2),
-        ("min_tokens", 2),
-        ("guided_decoding", {"type": "json"}),
-        ("lora", "adapter"),
-    ],
-)
-def test_what_the_workflow_cannot_do_is_a_400(server: BentoServer, field: str, value) -> None:
-    body = {"prompt": PROMPT, "max_tokens": 4, field: value}
-    response = httpx.post(f"{server.url}/generate_text", json=body, timeout=60)
-    assert response.status_code == 400, response.text
-    assert f"drop `{field}`" in response.json()["error"]
+async def _token_call(url: str, **tensors: np.ndarray) -> list[dict[str, list]]:
+    """One token-id request through the service's own client; every response's outputs."""
+    from tensorrtllm_backend.triton.client import TritonLLMClient
+
+    client = TritonLLMClient(url)
+    try:
+        return [
+            {o.name: result.as_numpy(o.name).tolist() for o in result.get_response().outputs}
+            async for result in client.stream("tensorrt_llm", tensors, [], "ids")
+        ]
+    finally:
+        await client.close()
+
+
+def test_token_ids_in_deltas_out(triton: str, llmapi_model: str) -> None:
+    """Ours: input_ids in, one response per step with the new ids, greedy as the text path."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        Path(bentoml.models.get(llmapi_model).path) / "tokenizer"
+    )
+    prompt = tokenizer.encode(PROMPT)
+    responses = asyncio.run(
+        _token_call(
+            triton,
+            text_input=np.array([b""], np.object_),
+            input_ids=np.array(prompt, np.int32),
+            streaming=np.array([True]),
+            sampling_param_max_tokens=np.array([12], np.int32),
+            sampling_param_exclude_input_from_output=np.array([True]),
+            sampling_param_logprobs=np.array([2], np.int32),
+            return_finish_reason=np.array([True]),
+        )
+    )
+    ids = [token for response in responses for token in response["output_ids"]]
+    assert len(ids) == 12 and len(responses) == 12
+    assert all(len(r["output_top_token_ids"]) == len(r["output_ids"]) for r in responses)
+    assert all(r["output_top_token_ids"][0][0] == r["output_ids"][0] for r in responses)  # greedy
+    assert [r["finish_reason"] for r in responses][-1] == [b"length"]
+    text = asyncio.run(_call(triton, streaming=False))[0]["text_output"]
+    assert tokenizer.decode(ids) == text
+
+
+def test_a_request_with_both_prompts_is_refused(triton: str) -> None:
+    with pytest.raises(Exception, match="send the prompt once"):
+        asyncio.run(_token_call(triton, text_input=np.array([b"x"], np.object_),
+                                input_ids=np.array([1, 2], np.int32)))  # fmt: skip
+
+
+def test_guided_packed_by_default(llmapi_model: str) -> None:
+    root = Path(bentoml.models.get(llmapi_model).path)
+    settings = yaml.safe_load(
+        (root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    )
+    assert settings["guided_decoding_backend"] == "xgrammar"
+
+
+def test_the_service_refuses_nvidias_stock_model(bento_launcher) -> None:
+    """NVIDIA's model takes text only; the service's route sends token ids to ours."""
+    tag = pack("--demo", "--workflow", "llmapi", "--llmapi-model", "nvidia",
+               "--name", "trtllm-llmapi-nvidia", "--max-seq-len", "512")  # fmt: skip
+    server = bento_launcher(tag)
+    server.process.wait(120)  # `bentoml serve` stops instead of starting its worker again
+    assert "the service cannot start" in server.log()
+    assert "--llmapi-model nvidia" in server.log()
+
+
+def test_a_client_that_leaves_stops_the_llmapi_model(bento_launcher) -> None:
+    """Service -> Triton -> our model's cancellation watcher -> abort(): the CPU stand-in stops
+    generating for a client that disconnected (its counters on Triton's metrics port)."""
+    tag = pack("--synthetic", "--workflow", "llmapi", "--itl-ms", "50",
+               "--name", "trtllm-llmapi-slow", "--max-input-len", "256", "--max-seq-len", "1024")  # fmt: skip
+    metrics_port = find_free_port()
+    server = bento_launcher(tag, {"TRTLLM_TRITON_METRICS_PORT": str(metrics_port)}, wait=True)
+    before = engine_counters(metrics_port)
+    body = {"prompt": PROMPT, "max_tokens": 500, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        for received, _ in enumerate(response.iter_raw()):
+            if received >= 2:
+                break
+
+    def stopped() -> bool:
+        now = engine_counters(metrics_port)
+        return (
+            now.get("trtllm_cpu_engine_cancelled_requests_total", 0)
+            > before.get("trtllm_cpu_engine_cancelled_requests_total", 0)
+            and now.get("trtllm_cpu_engine_active_requests") == 0
+        )
+
+    assert wait_for(stopped, timeout=15), engine_counters(metrics_port)

@@ -34,7 +34,7 @@ def test_adapters_are_listed_and_selected_by_name(
         timeout=30,
     )
     assert native.status_code == 400
-    assert "LoRA adapters need a TensorRT-LLM engine" in native.text
+    assert "LoRA adapters need TensorRT-LLM" in native.text
 
     unknown = httpx.post(
         f"{server.url}/generate_text",

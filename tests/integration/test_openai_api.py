@@ -1,6 +1,7 @@
 """The OpenAI-compatible API driven by the official `openai` client, sync and async,
-against a real `bentoml serve` of the demo model; plus checks that each native sampling parameter
-reaches the engine, observed on the output of the real (hf-mode) CPU engine."""
+against a real `bentoml serve` of the demo model on each token-id route (`direct`: the CPU engine
+in tensorrt_llm; `llmapi`: our LLM-API model on its CPU stand-in); plus checks that each native
+sampling parameter reaches the engine, observed on the output of the real (hf-mode) engine."""
 
 from __future__ import annotations
 
@@ -32,13 +33,13 @@ NO_EOS = {"ignore_eos": True}  # the random demo model may emit its end token at
 
 
 @pytest.fixture(scope="module")
-def client(demo_server: BentoServer) -> openai.OpenAI:
-    return openai_client(demo_server, TIMEOUT)
+def client(route_server: BentoServer) -> openai.OpenAI:
+    return openai_client(route_server, TIMEOUT)
 
 
 @pytest.fixture
-def async_client(demo_server: BentoServer) -> openai.AsyncOpenAI:
-    return openai_client(demo_server, TIMEOUT, asynchronous=True)
+def async_client(route_server: BentoServer) -> openai.AsyncOpenAI:
+    return openai_client(route_server, TIMEOUT, asynchronous=True)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +82,8 @@ def clean_piece(text: str, start: int, size: int = 3) -> str:
 # --- models ----------------------------------------------------------------------------------------
 
 
-def test_models_lists_the_served_model(client: openai.OpenAI, demo_model: str) -> None:
-    models = client.models.list().data
+def test_models_lists_the_served_model(demo_server: BentoServer, demo_model: str) -> None:
+    models = openai_client(demo_server, TIMEOUT).models.list().data
     assert [m.id for m in models] == [demo_model.split(":")[0]]
     assert models[0].object == "model"
 
@@ -178,10 +179,10 @@ def test_unseeded_sampling_varies_between_requests(client: openai.OpenAI, model:
     assert len(texts) > 1, texts
 
 
-def test_raw_sse_stream_ends_with_done(demo_server: BentoServer, model: str) -> None:
+def test_raw_sse_stream_ends_with_done(route_server: BentoServer, model: str) -> None:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 6, "stream": True, **NO_EOS}
     with httpx.stream(
-        "POST", f"{demo_server.url}/v1/completions", json=body, timeout=TIMEOUT
+        "POST", f"{route_server.url}/v1/completions", json=body, timeout=TIMEOUT
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -280,11 +281,67 @@ async def test_async_client_chat_and_completion(async_client: openai.AsyncOpenAI
 # --- errors --------------------------------------------------------------------------------------
 
 
-def test_top_logprobs_is_400(client: openai.OpenAI, model: str) -> None:
-    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+def test_chat_top_logprobs_are_the_alternatives_streamed_and_not(
+    client: openai.OpenAI, model: str
+) -> None:
+    fields: dict[str, Any] = dict(
+        model=model, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=2, extra_body=NO_EOS,
+    )  # fmt: skip
+    whole = client.chat.completions.create(**fields)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 6
+    for item in content:
+        first, second = item.top_logprobs  # exactly two
+        assert first.token == item.token and first.logprob == pytest.approx(item.logprob)  # greedy
+        assert 0.0 >= first.logprob >= second.logprob
+        assert first.bytes == list(first.token.encode())
+    chunks = list(
         client.chat.completions.create(
-            model=model, messages=MESSAGES, max_tokens=2, logprobs=True, top_logprobs=2
+            **fields, stream=True, stream_options={"include_usage": True}
         )
+    )
+    streamed = [
+        item
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for item in chunk.choices[0].logprobs.content
+    ]
+    assert [(i.token, [t.token for t in i.top_logprobs]) for i in streamed] == [
+        (i.token, [t.token for t in i.top_logprobs]) for i in content
+    ]
+    assert chunks[-1].usage.completion_tokens == len(streamed)  # usage counts what streamed
+
+
+def test_completion_logprobs_k_in_the_legacy_shape(client: openai.OpenAI, model: str) -> None:
+    fields: dict[str, Any] = dict(
+        model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, extra_body=NO_EOS
+    )
+    whole = client.completions.create(**fields)
+    logprobs = whole.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
+    offsets = [sum(len(t) for t in logprobs.tokens[:i]) for i in range(5)]
+    assert logprobs.text_offset == offsets
+    for token, log_prob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        # Two alternatives, keyed by their text (OpenAI's shape merges two that print alike).
+        assert len(top) == 2 or "\ufffd" in "".join(top)
+        assert top[token] == pytest.approx(log_prob) == max(top.values())  # greedy
+    streamed = [
+        chunk.choices[0].logprobs
+        for chunk in client.completions.create(**fields, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+    ]
+    assert [t for lp in streamed for t in lp.tokens] == logprobs.tokens
+    assert [o for lp in streamed for o in lp.text_offset] == offsets
+    assert [t for lp in streamed for t in lp.top_logprobs] == logprobs.top_logprobs
+
+
+def test_top_logprobs_without_logprobs_is_400(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs") as caught:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, top_logprobs=2)
+    assert caught.value.param == "top_logprobs"
 
 
 def _sample(client: openai.OpenAI, model: str, seed: int) -> str:
@@ -387,18 +444,18 @@ def test_too_long_prompt_is_context_length_exceeded(client: openai.OpenAI, model
 
 
 def test_native_greedy_is_deterministic_and_equals_openai(
-    demo_server: BentoServer, client: openai.OpenAI, model: str
+    route_server: BentoServer, client: openai.OpenAI, model: str
 ) -> None:
-    first = native(demo_server, prompt=PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
-    second = native(demo_server, prompt=PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
+    first = native(route_server, prompt=PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
+    second = native(route_server, prompt=PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
     assert first["text"] == second["text"]
     assert first["text"] == greedy_completion(client, model, 16).choices[0].text
 
 
-def test_native_seed_reproducibility(demo_server: BentoServer) -> None:
+def test_native_seed_reproducibility(route_server: BentoServer) -> None:
     def sample(seed: int) -> str:
         return native(
-            demo_server, prompt=PROMPT, max_tokens=16, temperature=0.8, top_k=50, seed=seed,
+            route_server, prompt=PROMPT, max_tokens=16, temperature=0.8, top_k=50, seed=seed,
             ignore_eos=True,
         )["text"]  # fmt: skip
 
@@ -407,33 +464,33 @@ def test_native_seed_reproducibility(demo_server: BentoServer) -> None:
     assert any(sample(seed) != first for seed in (8, 9, 10))
 
 
-def test_native_num_return_sequences(demo_server: BentoServer) -> None:
+def test_native_num_return_sequences(route_server: BentoServer) -> None:
     fields: dict[str, Any] = dict(
         prompt=PROMPT, max_tokens=12, temperature=0.8, top_k=50, seed=21, ignore_eos=True,
         return_log_probs=True,
     )  # fmt: skip
-    result = native(demo_server, **fields, num_return_sequences=3)
+    result = native(route_server, **fields, num_return_sequences=3)
     sequences = result["sequences"]
     assert [s["index"] for s in sequences] == [0, 1, 2]
-    lone = [native(demo_server, **{**fields, "seed": 21 + i})["text"] for i in range(3)]
+    lone = [native(route_server, **{**fields, "seed": 21 + i})["text"] for i in range(3)]
     assert [s["text"] for s in sequences] == lone
     assert result["text"] == lone[0]
     assert all(s["completion_tokens"] == 12 and len(s["log_probs"]) == 12 for s in sequences)
     assert result["usage"]["completion_tokens"] == 36
-    assert "sequences" not in native(demo_server, **fields)
+    assert "sequences" not in native(route_server, **fields)
 
 
-def test_native_top_p_and_temperature_reach_the_engine(demo_server: BentoServer) -> None:
+def test_native_top_p_and_temperature_reach_the_engine(route_server: BentoServer) -> None:
     base = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, "seed": 3}
-    greedy = native(demo_server, **base, temperature=0.0)["text"]
-    sampled = native(demo_server, **base, temperature=1.0, top_p=0.99)["text"]
+    greedy = native(route_server, **base, temperature=0.0)["text"]
+    sampled = native(route_server, **base, temperature=1.0, top_p=0.99)["text"]
     assert sampled != greedy
     # a tiny nucleus keeps only the most likely token: greedy again, whatever the seed
-    assert native(demo_server, **base, temperature=1.0, top_p=1e-6)["text"] == greedy
+    assert native(route_server, **base, temperature=1.0, top_p=1e-6)["text"] == greedy
 
 
 def test_native_bad_words_are_not_generated(
-    demo_server: BentoServer, client: openai.OpenAI, model: str
+    route_server: BentoServer, client: openai.OpenAI, model: str
 ) -> None:
     greedy = greedy_completion(client, model, 20).choices[0]
     words = [t for t in greedy.logprobs.tokens if t.strip().isalpha() and len(t.strip()) >= 3]
@@ -442,7 +499,7 @@ def test_native_bad_words_are_not_generated(
     banned = words[0].strip()
     assert banned in greedy.text
     result = native(
-        demo_server, prompt=PROMPT, max_tokens=20, temperature=0.0, ignore_eos=True,
+        route_server, prompt=PROMPT, max_tokens=20, temperature=0.0, ignore_eos=True,
         bad_words=[banned, words[0]],
     )  # fmt: skip
     assert result["text"] != greedy.text
@@ -450,7 +507,7 @@ def test_native_bad_words_are_not_generated(
 
 
 def test_native_min_tokens_overrides_an_early_end(
-    demo_server: BentoServer, client: openai.OpenAI, model: str, tokenizer
+    route_server: BentoServer, client: openai.OpenAI, model: str, tokenizer
 ) -> None:
     """Make one of the first greedy tokens the end token: without min_tokens the answer ends
     there, with min_tokens=8 it runs on to max_tokens."""
@@ -466,32 +523,43 @@ def test_native_min_tokens_overrides_an_early_end(
         pytest.skip(f"no greedy token of {tokens!r} re-encodes to one id")
     position, ids = single[0]
     base = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.0, "end_id": ids[0]}
-    ended = native(demo_server, **base)
+    ended = native(route_server, **base)
     assert ended["finish_reason"] == "stop"
     assert ended["usage"]["completion_tokens"] <= position + 1
-    forced = native(demo_server, **base, min_tokens=8)
+    forced = native(route_server, **base, min_tokens=8)
     assert forced["usage"]["completion_tokens"] == 8
     assert forced["finish_reason"] == "length"
 
 
-def test_native_repetition_penalty_changes_greedy_output(demo_server: BentoServer) -> None:
+def test_native_repetition_penalty_changes_greedy_output(route_server: BentoServer) -> None:
     base = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0.0, "ignore_eos": True}
-    plain = native(demo_server, **base)["text"]
-    penalized = native(demo_server, **base, repetition_penalty=1.5)["text"]
+    plain = native(route_server, **base)["text"]
+    penalized = native(route_server, **base, repetition_penalty=1.5)["text"]
     assert penalized != plain
 
 
-def test_native_exclude_input_in_output_false_prefixes_the_prompt(demo_server) -> None:
+def test_native_exclude_input_in_output_false_prefixes_the_prompt(route_server) -> None:
     base = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
-    without = native(demo_server, **base)["text"]
-    with_prompt = native(demo_server, **base, exclude_input_in_output=False)["text"]
+    without = native(route_server, **base)["text"]
+    with_prompt = native(route_server, **base, exclude_input_in_output=False)["text"]
     assert with_prompt == PROMPT + without
 
 
-def test_native_return_log_probs(demo_server: BentoServer) -> None:
+def test_native_return_log_probs(route_server: BentoServer) -> None:
     result = native(
-        demo_server, prompt=PROMPT, max_tokens=6, temperature=0.0, ignore_eos=True,
+        route_server, prompt=PROMPT, max_tokens=6, temperature=0.0, ignore_eos=True,
         return_log_probs=True,
     )  # fmt: skip
     assert len(result["log_probs"]) == result["usage"]["completion_tokens"] == 6
     assert result["cum_log_prob"] == pytest.approx(sum(result["log_probs"]))
+
+
+def test_native_top_log_probs(route_server: BentoServer) -> None:
+    result = native(
+        route_server, prompt=PROMPT, max_tokens=4, temperature=0.0, ignore_eos=True,
+        return_log_probs=True, top_log_probs=3,
+    )  # fmt: skip
+    assert len(result["top_log_probs"]) == len(result["log_probs"]) == 4
+    for log_prob, top in zip(result["log_probs"], result["top_log_probs"], strict=True):
+        assert len(top) == 3 and top[0]["log_prob"] == pytest.approx(log_prob)
+        assert {"token_id", "token", "log_prob"} == set(top[0])

@@ -1,7 +1,9 @@
 """Structured output and tool calling through the OpenAI API, driven by the official `openai`
-client against a real `bentoml serve` of the demo model: every guided answer is checked with
-jsonschema against the schema it was asked to follow, streamed and not; a tool call's arguments
-against the tool's parameters; a tool result in the history reaches the prompt."""
+client against a real `bentoml serve` of the demo model on each token-id route (`direct`: the
+CPU engine's xgrammar masks in tensorrt_llm; `llmapi`: our LLM-API model, whose guide tensors
+become the LLM API's GuidedDecodingParams, on its CPU stand-in): every guided answer is checked
+with jsonschema against the schema it was asked to follow, streamed and not; a tool call's
+arguments against the tool's parameters; a tool result in the history reaches the prompt."""
 
 from __future__ import annotations
 
@@ -77,13 +79,14 @@ TOOLS = [WEATHER, CLOCK]
 PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 
 
-@pytest.fixture(scope="module")
-def tools_model() -> str:
+@pytest.fixture(scope="module", params=["direct", "llmapi"])
+def tools_model(request: pytest.FixtureRequest) -> str:
     """The demo model with room for prompts that carry tool schemas (its small vocabulary spends
-    a token on every few characters of JSON)."""
-    return pack(
-        "--demo", "--name", "trtllm-demo-tools", "--max-input-len", "1024", "--max-seq-len", "1536"
-    )
+    a token on every few characters of JSON), packed for each route."""
+    limits = ("--max-input-len", "1024", "--max-seq-len", "1536")
+    if request.param == "llmapi":
+        return pack("--demo", "--workflow", "llmapi", "--name", "trtllm-llmapi-tools", *limits)
+    return pack("--demo", "--name", "trtllm-demo-tools", *limits)
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,11 @@ def test_text_routes_behave_like_direct(
     assert completion.status_code == 200, completion.text
     assert json.loads(completion.text)["choices"][0]["text"] == expected
 
+    # Alternatives to the chosen tokens come back on the token-id routes only.
+    ranked = {**body, "return_log_probs": True, "top_log_probs": 2}
+    refused = httpx.post(f"{routed.url}/generate_text", json=ranked, timeout=60)
+    assert refused.status_code == 400 and "direct route" in refused.text
+
     # Several sequences: the BLS demultiplexes them by sequence_index; the ensemble cannot (its
     # postprocessing never sees sequence_index), so the service refuses instead of mixing texts.
     sampled = {**body, "temperature": 0.8, "top_k": 50, "seed": 3, "ignore_eos": True}

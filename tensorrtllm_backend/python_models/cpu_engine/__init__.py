@@ -10,7 +10,8 @@ Modules, one job each:
   triton_io.py     Triton request tensors -> GenRequest arguments (one set per sequence)
   triton_sink.py   scheduler events -> pb_utils responses (decoupled or merged)
   triton_metrics.py  scheduler counters as Triton custom metrics
-  llmapi_model.py  the llmapi workflow's stand-in (text in, text out)
+  loading.py       the backend of an engine config, the guide compiler (both CPU slots)
+(the llmapi workflow's stand-in, python_models/llmapi/cpu.py, runs this scheduler too)
 (the demo checkpoint is built at pack time: packing/demo.py)
 
 Nothing heavy is imported here, so `import tensorrtllm_backend.python_models.cpu_engine` stays cheap.

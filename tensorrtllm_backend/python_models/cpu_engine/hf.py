@@ -20,6 +20,7 @@ import torch
 
 from .request import GenRequest
 from .sampling import select_token
+from .scheduler import StepResult
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, len, dim]
 
@@ -200,7 +201,7 @@ class HFBackend:
             req.backend_state.kv = None  # type: ignore[attr-defined]
 
     @torch.inference_mode()
-    def step(self, batch: list[GenRequest]) -> list[tuple[int, float]]:
+    def step(self, batch: list[GenRequest]) -> list[StepResult]:
         rows: list[torch.Tensor] = [None] * len(batch)  # type: ignore[list-item]
         decoding: list[GenRequest] = []
         positions: list[int] = []

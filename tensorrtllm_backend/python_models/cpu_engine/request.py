@@ -40,13 +40,24 @@ class SamplingParams:
         return self.top_k <= 0 and self.top_p <= 0.0
 
 
+TopLogprobs = tuple[list[int], list[float]]
+"""One token's top-k alternatives: their ids and log probs, the most likely first."""
+
+
 class Sink(Protocol):
     """Where a request's results go (a Triton response sender in production)."""
 
     def send_tokens(
-        self, req: GenRequest, tokens: list[int], logprobs: list[float] | None, final: bool
+        self,
+        req: GenRequest,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        top: list[TopLogprobs] | None,
+        final: bool,
     ) -> None:
-        """Streaming: new tokens of one step; final=True marks the last response."""
+        """Streaming: tokens produced since the last call (one per step, or up to the
+        scheduler's stream interval), with their log probs and top-k alternatives when the
+        request asked for them; final=True marks the last response."""
 
     def finish(self, req: GenRequest, reason: FinishReason) -> None:
         """The request left the engine. Streaming sinks that have not yet sent a final
@@ -74,11 +85,14 @@ class GenRequest:
     end_id: int | None = None
     pad_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
+    # Tokens that end the sequence like end_id (the LLM API's stop_token_ids): not returned.
+    stop_token_ids: frozenset[int] = frozenset()
     bad_words: list[list[int]] = field(default_factory=list)
     min_tokens: int = 0
     streaming: bool = False
     exclude_input_in_output: bool = False
     return_log_probs: bool = False
+    top_logprobs: int = 0  # alternatives to return per token (0: none)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     embedding_bias: Sequence[float] | None = None
     # guided_decoding_guide_type / _guide as sent, and the grammar compiled from them (the
@@ -91,7 +105,9 @@ class GenRequest:
     # Scheduler state.
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[TopLogprobs] = field(default_factory=list)  # per token, when top_logprobs > 0
     cum_logprob: float = 0.0
+    sent: int = 0  # streaming: generated tokens already handed to the sink
     cancel_requested: bool = False
     finished: bool = False
     finish_reason: FinishReason | None = None
@@ -103,6 +119,7 @@ class GenRequest:
     # Set by the backend when the grammar accepted its last token (always a stop token): the
     # sequence then ends as on its end token.
     guide_ended: bool = False
+    ended_on: int | None = None  # the end or stop token that ended the sequence
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at the next step (thread-safe: a flag)."""

@@ -4,14 +4,15 @@ Order: embedding bias, repetition penalty (prompt + generated tokens), presence/
 penalties (generated tokens), bans (bad words, end_id before min_tokens), temperature, then greedy
 (top_k in {0, 1} with top_p == 0, or temperature == 0) or top-k / top-p sampling with the
 request's own torch.Generator (same seed -> same tokens). The returned log prob is the chosen
-token's log-softmax after penalties and temperature, before top-k/top-p truncation.
+token's log-softmax after penalties and temperature, before top-k/top-p truncation; a request
+with top_logprobs = k also gets the k most likely tokens of that same distribution.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .request import GenRequest
+from .request import GenRequest, TopLogprobs
 
 
 def apply_penalties(logits: torch.Tensor, req: GenRequest) -> torch.Tensor:
@@ -44,18 +45,26 @@ def apply_penalties(logits: torch.Tensor, req: GenRequest) -> torch.Tensor:
     return logits
 
 
+def top_logprobs(logprobs: torch.Tensor, k: int) -> TopLogprobs:
+    """The k most likely tokens of a log-softmax row, the most likely first."""
+    values, ids = torch.topk(logprobs, min(k, logprobs.numel()))
+    return ids.tolist(), values.tolist()
+
+
 def select_token(
     logits: torch.Tensor, req: GenRequest, generator: torch.Generator
-) -> tuple[int, float]:
-    """Pick the next token for one request from its 1-D logits row."""
+) -> tuple[int, float, TopLogprobs | None]:
+    """Pick the next token for one request from its 1-D logits row: (token, its log prob, the
+    top-k alternatives when the request asks for them)."""
     logits = apply_penalties(logits.to(torch.float32).clone(), req)
     sp = req.sampling
     if sp.temperature > 0 and sp.temperature != 1.0:
         logits = logits / sp.temperature
     logprobs = torch.log_softmax(logits, dim=-1)
+    top = top_logprobs(logprobs, req.top_logprobs) if req.top_logprobs else None
     if sp.greedy:
         token = int(torch.argmax(logits))
-        return token, float(logprobs[token])
+        return token, float(logprobs[token]), top
     filtered = logits
     if sp.top_k > 1:
         k = min(sp.top_k, filtered.numel())
@@ -70,4 +79,4 @@ def select_token(
         filtered = torch.full_like(filtered, float("-inf")).scatter(0, order, sorted_logits)
     probs = torch.softmax(filtered, dim=-1)
     token = int(torch.multinomial(probs, 1, generator=generator))
-    return token, float(logprobs[token])
+    return token, float(logprobs[token]), top

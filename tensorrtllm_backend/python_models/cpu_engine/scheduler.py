@@ -5,6 +5,9 @@ One background thread owns all generation state. Between decode steps it admits 
 every due request exactly one token. Results go to each request's Sink, so the loop knows
 nothing about Triton. A GenRequest is one sequence: a Triton request with several rows or
 num_return_sequences > 1 arrives as several GenRequests, each taking its own batch slot.
+
+A stream interval N > 1 (the LLM API's `stream_interval`) hands a streaming request's tokens to
+its sink N at a time: the first token at once, then every N tokens, and the rest when it ends.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from .request import FinishReason, GenRequest
+from .request import FinishReason, GenRequest, TopLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +37,16 @@ class Backend(Protocol):
     def admit(self, req: GenRequest) -> None:
         """Per-request setup when it joins the active batch."""
 
-    def step(self, batch: list[GenRequest]) -> list[tuple[int, float]]:
-        """One (token, log prob) per request, honouring req.banned_tokens()."""
+    def step(self, batch: list[GenRequest]) -> list[StepResult]:
+        """One (token, log prob, top-k alternatives) per request, honouring
+        req.banned_tokens(); the alternatives are None unless req.top_logprobs > 0."""
 
     def release(self, req: GenRequest) -> None:
         """Free per-request state (KV cache) when it leaves."""
+
+
+StepResult = tuple[int, float, TopLogprobs | None]
+"""What a backend produced for one request in one step: token, its log prob, alternatives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +68,13 @@ class Scheduler:
         max_batch_size: int,
         *,
         cancel_poll_interval_s: float = 0.0,
+        stream_interval: int = 1,
         name: str = "cpu-engine-scheduler",
     ) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be 1 or more, got {stream_interval}")
         self._backend = backend
+        self._stream_interval = stream_interval
         self._max_batch_size = max_batch_size
         self._cancel_poll_interval_s = cancel_poll_interval_s
         self._cond = threading.Condition()
@@ -175,49 +187,71 @@ class Scheduler:
         now_ns = time.time_ns()
         itl = self._backend.itl_s
         any_finished = False
-        for req, (token, logprob) in zip(due, results, strict=True):
+        for req, (token, logprob, top) in zip(due, results, strict=True):
             req.next_due = now + itl
             if not req.first_token_ns:
                 req.first_token_ns = now_ns
             req.last_token_ns = now_ns
-            if self._accept_token(req, token, logprob):
+            if self._accept_token(req, token, logprob, top):
                 any_finished = True
         if any_finished:
             self._active = [r for r in self._active if not r.finished]
         return True
 
-    def _accept_token(self, req: GenRequest, token: int, logprob: float) -> bool:
-        """Append one token, stream it, and retire the request if it ended. True = finished."""
+    def _accept_token(
+        self, req: GenRequest, token: int, logprob: float, top: TopLogprobs | None
+    ) -> bool:
+        """Append one token, stream it (or hold it for the stream interval), and retire the
+        request if it ended. True = finished."""
         generated = req.generated
         generated.append(token)
         self._generated += 1
         if req.return_log_probs:
             req.logprobs.append(logprob)
             req.cum_logprob += logprob
+        if req.top_logprobs:
+            req.top.append(top if top is not None else ([], []))
         reason: FinishReason | None = None
-        if token == req.end_id or req.guide_ended:
+        if (
+            token == req.end_id
+            or req.guide_ended
+            or (req.stop_token_ids and token in req.stop_token_ids)
+        ):
             # TensorRT-LLM does not count end_id in the valid output; a guide ends on the stop
             # token that completes it.
+            req.ended_on = token
             generated.pop()
             if req.return_log_probs:
                 req.logprobs.pop()
                 req.cum_logprob -= logprob
+            if req.top_logprobs:
+                req.top.pop()
             reason = FinishReason.END_ID
         elif req.stop_words and req.stop_word_matched():
             reason = FinishReason.STOP_WORDS
         elif len(generated) >= req.max_new_tokens:
             reason = FinishReason.LENGTH
         if req.streaming:
-            if reason is FinishReason.END_ID:
-                req.sink.send_tokens(req, [], [] if req.return_log_probs else None, True)
-            else:
-                req.sink.send_tokens(
-                    req, [token], [logprob] if req.return_log_probs else None, reason is not None
-                )
+            held = len(generated) - req.sent
+            if reason is not None or req.sent == 0 or held >= self._stream_interval:
+                self._send(req, reason is not None)
         if reason is None:
             return False
         self._retire(req, reason)
         return True
+
+    @staticmethod
+    def _send(req: GenRequest, final: bool) -> None:
+        """Hand a streaming request's unsent tokens to its sink (none: an empty final one)."""
+        sent = req.sent
+        req.sent = len(req.generated)
+        req.sink.send_tokens(
+            req,
+            req.generated[sent:],
+            req.logprobs[sent:] if req.return_log_probs else None,
+            req.top[sent:] if req.top_logprobs else None,
+            final,
+        )
 
     def _admit(self) -> None:
         queue = self._queue
@@ -295,6 +329,12 @@ class Scheduler:
                         del self._by_id[req.request_id]
         if reason is not FinishReason.ERROR:
             try:
+                if (
+                    req.streaming
+                    and reason is FinishReason.CANCELLED
+                    and req.sent < len(req.generated)
+                ):
+                    self._send(req, False)  # tokens held for the stream interval go out first
                 req.sink.finish(req, reason)
             except Exception:
                 log.exception("CPU engine sink failed to finish a request")

@@ -11,14 +11,16 @@ the token at generation step t (0-based) is
 and, if that id is the engine's eos_token_id or banned for this step (bad words, end_id before
 min_tokens), the next id upwards (wrapping within [FIRST_ID, vocab_size)) that is allowed.
 seed = the engine config's seed + the request's seed. Log probs are 0.0 (log 1: the engine is
-certain of each token).
+certain of each token). Asked for k alternatives, it lists the chosen token at 0.0 and then the
+k - 1 ids after it (wrapping within [FIRST_ID, vocab_size)) at -inf: it gives them no chance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .request import GenRequest
+from .request import GenRequest, TopLogprobs
+from .scheduler import StepResult
 
 FIRST_ID = 3
 STRIDE = 37
@@ -88,10 +90,10 @@ class SyntheticBackend:
                 raise ValueError(f"token id {token} outside the vocabulary [0, {self.vocab_size})")
         req.backend_state = prompt_hash(req.prompt) + 7 * (self.seed + req.sampling.seed)
 
-    def step(self, batch: list[GenRequest]) -> list[tuple[int, float]]:
+    def step(self, batch: list[GenRequest]) -> list[StepResult]:
         span = self._span
         eos = self.eos_token_id
-        out: list[tuple[int, float]] = []
+        out: list[StepResult] = []
         for req in batch:
             token = FIRST_ID + (req.backend_state + STRIDE * len(req.generated)) % span
             if token == eos or req.bad_words or req.min_tokens:
@@ -105,8 +107,16 @@ class SyntheticBackend:
                         eos_token_id=eos,
                         banned=banned,
                     )
-            out.append((token, 0.0))
+            out.append(
+                (token, 0.0, self._top(token, req.top_logprobs) if req.top_logprobs else None)
+            )
         return out
+
+    def _top(self, token: int, k: int) -> TopLogprobs:
+        """The chosen token for certain, then the next ids upwards with no chance at all."""
+        span = self._span
+        others = [FIRST_ID + (token - FIRST_ID + j) % span for j in range(1, min(k, span))]
+        return [token, *others], [0.0] + [float("-inf")] * len(others)
 
     def release(self, req: GenRequest) -> None:
         req.backend_state = None

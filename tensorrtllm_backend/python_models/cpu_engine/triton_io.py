@@ -17,6 +17,8 @@ import numpy as np
 
 from .request import SamplingParams, parse_word_list
 
+MAX_TOP_LOG_PROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+
 
 class RequestError(ValueError):
     """A request the engine rejects; reported to that request only."""
@@ -161,6 +163,9 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
     streaming = bool(inputs.rows("streaming", False)[0])
     exclude = bool(inputs.rows("exclude_input_in_output", limits.exclude_input_in_output)[0])
     log_probs = bool(inputs.rows("return_log_probs", False)[0])
+    top = int(inputs.rows("top_log_probs", 0)[0])
+    if not 0 <= top <= MAX_TOP_LOG_PROBS:
+        raise RequestError(f"top_log_probs must be 0 to {MAX_TOP_LOG_PROBS}, got {top}")
     perf = bool(inputs.rows("return_perf_metrics", False)[0])
     guide_types = inputs.strings("guided_decoding_guide_type")
     guides = inputs.strings("guided_decoding_guide")
@@ -211,6 +216,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                 "streaming": streaming,
                 "exclude_input_in_output": exclude,
                 "return_log_probs": log_probs,
+                "top_logprobs": top,
                 "sampling": SamplingParams(
                     temperature=float(temperature[row]),
                     top_k=int(top_k[row]),
@@ -221,7 +227,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                     seed=int(seeds[row]),
                 ),
                 "embedding_bias": row_bias,
-                "guided": _guided(guide_types[row], guides[row]),
+                "guided": guide_of(guide_types[row], guides[row]),
             },
             return_sequences[row],
         )
@@ -236,7 +242,9 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 
-def _guided(guide_type: str | None, guide: str | None) -> tuple[str, str | None] | None:
+def guide_of(guide_type: str | None, guide: str | None) -> tuple[str, str | None] | None:
+    """The C++ backend's guide tensors as (type, guide), None without a guide; RequestError
+    for a guide without a type, an unknown type, or a type that needs a guide and has none."""
     if guide_type is None:
         if guide is not None:
             raise RequestError("input 'guided_decoding_guide' needs 'guided_decoding_guide_type'")

@@ -9,7 +9,9 @@ finish (as TensorRT-LLM sends it with the last response). Not decoupled: one seq
 (num_return_sequences > 1 is rejected before), merged into one response ([B, 1, len] padded)
 that execute() returns.
 Shapes (max_batch_size > 0, beam 1): output_ids [1, 1, n], sequence_length [1, 1],
-cum_log_probs [1, 1], output_log_probs [1, 1, n], batch_index / sequence_index [1, 1].
+cum_log_probs [1, 1], output_log_probs [1, 1, n], batch_index / sequence_index [1, 1], and for
+top_log_probs = k: output_top_token_ids / output_top_log_probs [1, 1, n, k] (the k most likely
+tokens at each position, the most likely first).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .request import FinishReason, GenRequest
+from .request import FinishReason, GenRequest, TopLogprobs
 
 _PERF_OUTPUTS = (
     "arrival_time_ns",
@@ -38,6 +40,14 @@ def _cell(i: int) -> np.ndarray:
 
 def _ns(req: GenRequest) -> tuple[int, int, int, int]:
     return req.arrival_ns, req.first_scheduled_ns, req.first_token_ns, req.last_token_ns
+
+
+def top_tensors(pb: Any, top: list[TopLogprobs], k: int, shape: tuple[int, ...]) -> list[Any]:
+    """output_top_token_ids / output_top_log_probs of `top` (one entry per token), each
+    reshaped to `shape` + (k,)."""
+    ids = np.array([entry[0] for entry in top], dtype=np.int32).reshape(*shape, k)
+    values = np.array([entry[1] for entry in top], dtype=np.float32).reshape(*shape, k)
+    return [pb.Tensor("output_top_token_ids", ids), pb.Tensor("output_top_log_probs", values)]
 
 
 def send_response(sender: Any, response: Any, flags: int) -> bool:
@@ -99,6 +109,7 @@ class ResponseGroup:
         req: GenRequest,
         tokens: list[int],
         logprobs: list[float] | None,
+        top: list[TopLogprobs] | None,
         sequence_final: bool,
     ) -> None:
         """Decoupled: send one sequence's response; FINAL when it is the last response of the
@@ -119,6 +130,8 @@ class ResponseGroup:
             tensors.append(
                 pb.Tensor("cum_log_probs", np.array([[req.cum_logprob]], dtype=np.float32))
             )
+        if top is not None:
+            tensors += top_tensors(pb, top, req.top_logprobs, (1, 1, n))
         if self.perf_metrics and sequence_final:
             for name, value in zip(_PERF_OUTPUTS, _ns(req), strict=True):
                 tensors.append(pb.Tensor(name, np.array([[value]], dtype=np.int64)))
@@ -231,9 +244,22 @@ class ResponseGroup:
             pb.Tensor("batch_index", np.arange(batch, dtype=np.int32).reshape(batch, 1)),
             pb.Tensor("sequence_index", np.zeros((batch, 1), np.int32)),
         ]
-        if rows[0][0].return_log_probs:  # type: ignore[index,union-attr]
+        first: GenRequest = rows[0][0]  # type: ignore[index,assignment]
+        if first.return_log_probs:
             tensors.append(pb.Tensor("cum_log_probs", cum))
             tensors.append(pb.Tensor("output_log_probs", logprobs))
+        if first.top_logprobs:
+            # Positions past a row's own output repeat no token: id -1, log prob -inf.
+            k = first.top_logprobs
+            top_width = max(len(req.top) for req, _ in rows)  # type: ignore[misc]
+            top_ids = np.full((batch, 1, top_width, k), -1, dtype=np.int32)
+            top_values = np.full((batch, 1, top_width, k), -np.inf, dtype=np.float32)
+            for b, (req, _) in enumerate(rows):  # type: ignore[misc]
+                for position, (ids_row, values_row) in enumerate(req.top):
+                    top_ids[b, 0, position] = ids_row
+                    top_values[b, 0, position] = values_row
+            tensors.append(pb.Tensor("output_top_token_ids", top_ids))
+            tensors.append(pb.Tensor("output_top_log_probs", top_values))
         if self.perf_metrics:
             for name, values in zip(_PERF_OUTPUTS, perf, strict=True):
                 tensors.append(pb.Tensor(name, values))
@@ -249,9 +275,14 @@ class SequenceSink:
         self._group = group
 
     def send_tokens(
-        self, req: GenRequest, tokens: list[int], logprobs: list[float] | None, final: bool
+        self,
+        req: GenRequest,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        top: list[TopLogprobs] | None,
+        final: bool,
     ) -> None:
-        self._group.emit(req, tokens, logprobs, final)
+        self._group.emit(req, tokens, logprobs, top, final)
 
     def finish(self, req: GenRequest, reason: FinishReason) -> None:
         group = self._group
@@ -260,7 +291,13 @@ class SequenceSink:
                 if group.client_cancelled:
                     group.sequence_done(req, None, None)  # nobody listens: just release
                 else:  # stop=true: end the stream with an empty final response
-                    group.emit(req, [], [] if req.return_log_probs else None, True)
+                    group.emit(
+                        req,
+                        [],
+                        [] if req.return_log_probs else None,
+                        [] if req.top_logprobs else None,
+                        True,
+                    )
             return  # other reasons: the final data response was already sent
         if reason is FinishReason.CANCELLED and group.client_cancelled:
             group.sequence_done(req, None, None)
@@ -268,7 +305,13 @@ class SequenceSink:
         tokens = req.generated if req.exclude_input_in_output else req.prompt + req.generated
         if group.decoupled:
             # Log probs cover the generated tokens only, also when the prompt is returned.
-            group.emit(req, tokens, req.logprobs if req.return_log_probs else None, True)
+            group.emit(
+                req,
+                tokens,
+                req.logprobs if req.return_log_probs else None,
+                req.top if req.top_logprobs else None,
+                True,
+            )
         else:
             group.sequence_done(req, tokens, None)
 

@@ -16,6 +16,7 @@ from ..generation import Generator, PreparedRequest, new_request_id
 from ..request_errors import RequestError
 from ..schemas import (
     MAX_RETURN_SEQUENCES,
+    GenerationResult,
     GuidedDecoding,
     SamplingParams,
     SequenceResult,
@@ -124,6 +125,7 @@ class OpenAIServing(StreamingServing):
         request: CompletionRequest | ChatCompletionRequest,
         want_log_probs: bool,
         guide: GuidedDecoding | None = None,
+        top_log_probs: int = 0,
     ) -> SamplingParams:
         temperature = request.temperature
         fields: dict[str, Any] = {
@@ -139,6 +141,7 @@ class OpenAIServing(StreamingServing):
             "seed": request.seed if request.seed is not None else secrets.randbits(63),
             "stop": request.stop or [],
             "return_log_probs": want_log_probs,
+            "top_log_probs": top_log_probs,
             "ignore_eos": request.ignore_eos,
             "num_return_sequences": request.n,
             "guided_decoding": guide,
@@ -177,6 +180,8 @@ class OpenAIServing(StreamingServing):
                 **options,
             )
         except RequestError as error:
+            if error.param == "top_log_probs":  # the OpenAI field that asked for alternatives
+                error.param = "top_logprobs" if api == CHAT_LABEL else "logprobs"
             raise OpenAIError.from_request_error(error, guide_param) from None
         return prepared
 
@@ -192,7 +197,10 @@ class OpenAIServing(StreamingServing):
         guide = constraint.guide if constraint else None
         # best_of ranks the sequences by their log probs: the engine returns them.
         params = self._sampling(
-            request, request.logprobs is not None or candidates > request.n, guide
+            request,
+            request.logprobs is not None or candidates > request.n,
+            guide,
+            top_log_probs=request.logprobs or 0,
         )
         if candidates > request.n:
             params = params.model_copy(update={"num_return_sequences": candidates})
@@ -272,12 +280,8 @@ class OpenAIServing(StreamingServing):
         `size`: the request body's bytes (a large request's tools and template are handled off
         the event loop); `api`: the metrics label of the API the request came from."""
         self._check_common(request)
-        if request.top_logprobs:
-            raise OpenAIError(
-                "top_logprobs is not available: TensorRT-LLM returns the chosen token's log "
-                "probability only (use logprobs=true)",
-                param="top_logprobs",
-            )
+        if request.top_logprobs is not None and not request.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs")
         plan = await self.generator.offloader.run(size, self.plan_tools, request)
         constraint = _constraint(request)
         guide, guide_param = (constraint.guide, constraint.param) if constraint else (None, None)
@@ -299,7 +303,7 @@ class OpenAIServing(StreamingServing):
             and self.generator.guides_unsupported is None
         ):
             guide = self._guide_after_reasoning(guide, reasoning, guide_param)
-        params = self._sampling(request, request.logprobs, guide)
+        params = self._sampling(request, request.logprobs, guide, request.top_logprobs or 0)
         # The template already holds the special tokens (BOS) the model expects.
         prepared = await self._prepare(
             request, prompt, params, guide_param, api, size,
@@ -329,12 +333,24 @@ class OpenAIServing(StreamingServing):
     ) -> CompletionResponse:
         """The whole answer; with `request`, its best_of: the n sequences of highest cumulative
         log probability among those generated (usage counts every one)."""
-        want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
+        return await self.generator.offloader.run(
+            result.render_size, self._completion_response, prepared, result, request
+        )
+
+    def _completion_response(
+        self,
+        prepared: PreparedRequest,
+        result: GenerationResult,
+        request: CompletionRequest | None,
+    ) -> CompletionResponse:
+        want = prepared.params.return_log_probs
         sequences = result.sequences
         if request is not None:
             want = request.logprobs is not None
             sequences = best_sequences(sequences, request.n)
+        # text_offset counts from the start of the choice's text, which echo begins with the prompt
+        offset = 0 if prepared.params.exclude_input_in_output else len(prepared.prompt)
         return CompletionResponse(
             id=f"cmpl-{prepared.request_id}",
             model=self.model_name,
@@ -343,9 +359,7 @@ class OpenAIServing(StreamingServing):
                     index=position,
                     text=sequence.text,
                     finish_reason=finish_reason(sequence.finish_reason),
-                    logprobs=self._completion_log_probs(
-                        self._sequence_tokens(sequence), sequence.log_probs
-                    )
+                    logprobs=self._sequence_log_probs(sequence).completion(offset)
                     if want
                     else None,
                 )
@@ -357,8 +371,15 @@ class OpenAIServing(StreamingServing):
     async def chat(
         self, prepared: PreparedRequest, plan: ChatPlan | None = None
     ) -> ChatCompletionResponse:
-        want = prepared.params.return_log_probs
         result = await self.generator.collect(prepared)
+        return await self.generator.offloader.run(
+            result.render_size, self._chat_response, prepared, result, plan
+        )
+
+    def _chat_response(
+        self, prepared: PreparedRequest, result: GenerationResult, plan: ChatPlan | None
+    ) -> ChatCompletionResponse:
+        want = prepared.params.return_log_probs
         return ChatCompletionResponse(
             id=f"chatcmpl-{prepared.request_id}",
             model=self.model_name,
@@ -384,9 +405,7 @@ class OpenAIServing(StreamingServing):
             index=sequence.index,
             message=message,
             finish_reason=finish,
-            logprobs=self._chat_log_probs(self._sequence_tokens(sequence), sequence.log_probs)
-            if want_log_probs
-            else None,
+            logprobs=self._sequence_log_probs(sequence).chat() if want_log_probs else None,
         )
 
 

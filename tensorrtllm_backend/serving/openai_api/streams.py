@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..generation import Generator, PreparedRequest
-from ..schemas import FinishReason, PromptTokensDetails, SequenceResult
+from ..schemas import FinishReason, PromptTokensDetails, SequenceResult, TopLogProbs
 from .answers import ChatPlan
 from .protocol import Usage, UsageReport
 from .tool_stream import ChatDeltas
@@ -52,17 +52,74 @@ class _Event:
     finish_reason: str | None
     token_ids: list[int]
     log_probs: list[float]
+    top: list[TopLogProbs]
     token_count: int
     cached_tokens: int = 0  # of the prompt, on a sequence's last event
 
     @classmethod
     def empty(cls, index: int) -> _Event:
         """Nothing gathered yet for sequence `index`."""
-        return cls(index, "", None, [], [], 0)
+        return cls(index, "", None, [], [], [], 0)
 
 
 _Render = Callable[["_ChunkEvents", _Event, Any], list[str]]
 """Turns one event of a streamed answer, with its log probs (or None), into SSE chunk events."""
+
+
+class LogProbs:
+    """OpenAI's log-prob objects of the tokens of one answer (or one streamed event of it).
+
+    `tokens`: the tokens' text, `top`: their alternatives when asked for (`strings` gives the
+    text of ids: every id of one event decoded in one call)."""
+
+    def __init__(
+        self,
+        token_ids: list[int],
+        log_probs: list[float],
+        top: list[TopLogProbs] | None,
+        strings: Callable[[list[int]], list[str]],
+    ) -> None:
+        alternatives = [i for ids, _ in top or () for i in ids]
+        texts = strings(token_ids + alternatives)
+        self.tokens = texts[: len(token_ids)]
+        self.log_probs = log_probs
+        self.top: list[list[tuple[str, float]]] | None = None
+        if top is not None:
+            rest = iter(texts[len(token_ids) :])
+            self.top = [[(next(rest), lp) for lp in values] for _, values in top]
+
+    def completion(self, offset: int) -> dict[str, Any]:
+        """The legacy completions shape; `offset`: where the first token's text starts in the
+        choice's text."""
+        offsets = []
+        for token in self.tokens:
+            offsets.append(offset)
+            offset += len(token)
+        top = None if self.top is None else [dict(entry) for entry in self.top]
+        return {
+            "text_offset": offsets,
+            "tokens": self.tokens,
+            "token_logprobs": self.log_probs,
+            "top_logprobs": top,
+        }
+
+    def chat(self) -> dict[str, Any]:
+        tops = self.top or [[] for _ in self.tokens]
+        return {
+            "content": [
+                {
+                    **_chat_token(token, log_prob),
+                    "top_logprobs": [_chat_token(t, lp) for t, lp in alternatives],
+                }
+                for token, log_prob, alternatives in zip(
+                    self.tokens, self.log_probs, tops, strict=False
+                )
+            ]
+        }
+
+
+def _chat_token(token: str, log_prob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": log_prob, "bytes": list(token.encode())}
 
 
 class StreamingServing:
@@ -70,9 +127,6 @@ class StreamingServing:
 
     generator: Generator
     model_name: str
-
-    def _token_strings(self, token_ids: list[int]) -> list[str]:
-        return [self.generator.tokenizer.decode([t]) for t in token_ids]
 
     def _usage(self, prepared: PreparedRequest, completion_tokens: int, cached: int = 0) -> Usage:
         """Usage; `cached`: prompt tokens the engine found in its KV cache (0: it cannot tell)."""
@@ -84,23 +138,16 @@ class StreamingServing:
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
-    def _sequence_tokens(self, sequence: SequenceResult) -> list[str]:
-        """The token strings behind a gathered sequence's log probs."""
-        return self._token_strings(sequence.log_prob_token_ids or [])
+    def _log_probs(
+        self, token_ids: list[int], log_probs: list[float], top: list[TopLogProbs] | None
+    ) -> LogProbs:
+        return LogProbs(token_ids, log_probs, top, self.generator.token_strings)
 
-    @staticmethod
-    def _completion_log_probs(tokens: list[str], log_probs: list[float] | None) -> dict[str, Any]:
-        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": None}
-
-    @staticmethod
-    def _chat_log_probs(tokens: list[str] | None, log_probs: list[float] | None) -> dict[str, Any]:
-        pairs = zip(tokens or [], log_probs or [], strict=False)
-        return {
-            "content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in pairs
-            ]
-        }
+    def _sequence_log_probs(self, sequence: SequenceResult) -> LogProbs:
+        """The log probs of a gathered sequence."""
+        return self._log_probs(
+            sequence.log_prob_token_ids or [], sequence.log_probs or [], sequence.top_log_probs
+        )
 
     async def _events(self, prepared: PreparedRequest) -> AsyncIterator[_Event]:
         """Chunks with text (or the finish reason), carrying the tokens behind that text.
@@ -114,6 +161,7 @@ class StreamingServing:
                 event = pending[chunk.index]
                 event.token_ids += chunk.token_ids
                 event.log_probs += chunk.log_probs or []
+                event.top += chunk.top_log_probs or []
                 event.token_count += chunk.token_count
                 if chunk.text or chunk.finish_reason is not None:
                     event.text, event.finish_reason = chunk.text, finish_reason(chunk.finish_reason)
@@ -131,21 +179,29 @@ class StreamingServing:
             out = _ChunkEvents(
                 "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
             )
-            log_probs = self._chat_log_probs
         else:
             out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
-            log_probs = self._completion_log_probs
-        want = prepared.params.return_log_probs
+        params = prepared.params
+        want, top = params.return_log_probs, bool(params.top_log_probs)
+        # Completions: where each choice's next token starts in its text (text_offset).
+        offsets = [0 if params.exclude_input_in_output else len(prepared.prompt)] * (
+            params.num_return_sequences
+        )
         completion_tokens = cached = 0
         async with aclosing(self._events(prepared)) as events:
             async for event in events:
                 completion_tokens += event.token_count
                 cached = max(cached, event.cached_tokens)
-                logprobs = (
-                    log_probs(self._token_strings(event.token_ids), event.log_probs)
-                    if want and event.token_ids
-                    else None
-                )
+                logprobs = None
+                if want and event.token_ids:
+                    found = self._log_probs(
+                        event.token_ids, event.log_probs, event.top if top else None
+                    )
+                    if chat:
+                        logprobs = found.chat()
+                    else:
+                        logprobs = found.completion(offsets[event.index])
+                        offsets[event.index] += sum(len(token) for token in found.tokens)
                 for chunk in render(out, event, logprobs):
                     if usage.continuous:
                         so_far = self._usage(prepared, completion_tokens, cached)

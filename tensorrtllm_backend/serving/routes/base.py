@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from ..schemas import FinishReason, SamplingParams
+from ..schemas import FinishReason, SamplingParams, TopLogProbs
 from ..translation import LoraTensors
 
 
@@ -25,7 +25,7 @@ class Route(str, enum.Enum):
     DIRECT = "direct"  # service tokenizes; tensorrt_llm only
     ENSEMBLE = "ensemble"  # preprocessing → tensorrt_llm → postprocessing
     BLS = "bls"  # tensorrt_llm_bls python model
-    LLMAPI = "llmapi"  # NVIDIA's LLM-API tensorrt_llm python model (checkpoint workflow)
+    LLMAPI = "llmapi"  # our LLM-API tensorrt_llm python model (checkpoint workflow)
 
 
 ROUTE_MODELS = {
@@ -35,8 +35,8 @@ ROUTE_MODELS = {
     Route.LLMAPI: "tensorrt_llm",
 }
 
-Decoded = tuple[str, list[int], int, list[float] | None]
-"""One response as (final text, token ids, token count, log probs)."""
+Decoded = tuple[str, list[int], int, list[float] | None, list[TopLogProbs] | None]
+"""One response as (final text, token ids, token count, log probs, their alternatives)."""
 
 
 class Decoder(Protocol):
@@ -71,6 +71,11 @@ class EngineRoute:
     model_name: str
     # Why this route returns one sequence per request (None: it returns several).
     single_sequence: str | None = None
+    # Why this route returns no alternatives to the chosen tokens (None: its engine decides).
+    no_top_log_probs: str | None = None
+    # Whether a LoRA adapter's weights travel with its first request (the C++ backend's cache
+    # protocol); the llmapi model reads adapters from their path instead.
+    sends_lora_weights = True
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -22,6 +22,7 @@ from ..translation import (
     engine_stop_words,
     optional_outputs,
     response_log_probs,
+    response_top_log_probs,
     sampling_tensors,
     scalar,
 )
@@ -76,7 +77,8 @@ def direct_outputs(params: SamplingParams) -> list[str]:
 
 
 def new_token_ids(result: InferResult) -> list[int]:
-    """Tokens of beam 0 in one streamed ``tensorrt_llm`` response.
+    """Tokens of beam 0 in one streamed response: `output_ids` ([batch, beam, n] from
+    ``tensorrt_llm``, [n] from the llmapi model), cut to `sequence_length` where it is sent.
 
     Read straight from the raw output bytes: this runs once per token, and building numpy
     arrays through ``as_numpy`` costs more than the few int32 values inside. Triton's raw
@@ -91,23 +93,27 @@ def new_token_ids(result: InferResult) -> list[int]:
             beam_len = output.shape[-1] if output.shape else 0
         elif output.name == "sequence_length":
             lengths = response.raw_output_contents[index]
-    if not ids or not lengths or not beam_len:
+    if not ids or not beam_len:
         return []
-    count = min(int.from_bytes(lengths[:4], "little", signed=True), beam_len)
-    return memoryview(ids).cast("i")[:count].tolist()
+    count = beam_len if lengths is None else int.from_bytes(lengths[:4], "little", signed=True)
+    return memoryview(ids).cast("i")[: min(count, beam_len)].tolist()
 
 
 class DirectDecoder(StepDecoder):
-    """tensorrt_llm responses → (final text, token ids, token count, log probs)."""
+    """Token-id responses → (final text, token ids, token count, log probs, alternatives), for
+    `tensorrt_llm` and the llmapi model alike."""
 
-    def __init__(self, tokenizer: Any, want_log_probs: bool) -> None:
+    def __init__(self, tokenizer: Any, want_log_probs: bool, top_log_probs: int = 0) -> None:
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._want_log_probs = want_log_probs
+        self._top = top_log_probs
 
     def __call__(self, result: InferResult) -> Decoded:
         ids = new_token_ids(result)
-        log_probs = response_log_probs(result, len(ids)) if self._want_log_probs else None
-        return self._detokenizer.feed(ids), ids, len(ids), log_probs
+        count = len(ids)
+        log_probs = response_log_probs(result, count) if self._want_log_probs else None
+        top = response_top_log_probs(result, count, self._top) if self._top else None
+        return self._detokenizer.feed(ids), ids, count, log_probs, top
 
     def flush(self) -> str:
         return self._detokenizer.flush()
@@ -165,4 +171,4 @@ class DirectRoute(EngineRoute):
         )
 
     def decoder(self, params: SamplingParams) -> DirectDecoder:
-        return DirectDecoder(self.tokenizer, params.return_log_probs)
+        return DirectDecoder(self.tokenizer, params.return_log_probs, params.top_log_probs)

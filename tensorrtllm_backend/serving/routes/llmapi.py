@@ -1,188 +1,98 @@
-"""The `llmapi` route: requests to NVIDIA's LLM-API `tensorrt_llm` model (text in, text out).
+"""The `llmapi` route: token ids in and out of our LLM-API `tensorrt_llm` model.
 
-What differs from the engine routes:
-- the model batches nothing at the Triton level (max_batch_size 0): tensors carry no batch
-  dimension, `text_input` is [1] and every scalar [1];
-- sampling goes in `sampling_param_*` inputs, and only those the LLM API model reads: a request
-  that needs anything else is refused with a 400 (see :func:`check_request`);
-- each streamed response carries the text so far (RequestOutput.text), not a delta, and the last
-  one the `finish_reason` ("stop", "length", "cancelled"; "None" before);
-- no token ids come back, so the service counts the completion with its own tokenizer.
+The same path as :mod:`.direct` (the service tokenizes, the model returns each step's new token
+ids, :class:`~.direct.DirectDecoder` detokenizes them and counts them exactly); only the tensors
+differ, since the llmapi model follows NVIDIA's llmapi model (max_batch_size 0: no batch
+dimension, scalars are [1]) and names sampling fields `sampling_param_<SamplingParams field>`:
+`input_ids` with an empty `text_input` (NVIDIA's model requires it), stop and bad words as
+strings (the LLM API tokenizes them), the end and pad ids only where the request sets them (the
+model's own tokenizer's otherwise), `sampling_param_logprobs` = the alternatives asked for
+(0: the chosen token's log prob only), and NVIDIA's `lora_id` / `lora_name` / `lora_path`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
-from ..request_errors import RequestError
-from ..schemas import FinishReason, SamplingParams
-from ..translation import LoraTensors, sampling_values
-from .base import Decoded, EngineRoute, Route, RouteRequest
+from ..schemas import SamplingParams
+from ..translation import LoraTensors, engine_stop_words, optional_outputs, sampling_tensors
+from .base import EngineRoute, Route, RouteRequest
+from .direct import DirectRoute
 
-OUTPUTS = ["text_output", "finish_reason"]
-_REASONS = {
-    "stop": FinishReason.STOP,
-    "length": FinishReason.LENGTH,
-    "cancelled": FinishReason.CANCELLED,
-    "timeout": FinishReason.CANCELLED,
-}
-# SamplingParams fields the llmapi model has no input for, with what to do instead.
-_UNSUPPORTED: dict[str, str] = {
-    "min_tokens": "min_tokens",
-    "repetition_penalty": "repetition_penalty (use presence_penalty or frequency_penalty)",
-    "length_penalty": "length_penalty (a beam-search setting)",
-    "end_id": "end_id (the model ends at its tokenizer's end token)",
-    "pad_id": "pad_id",
-}
-
-
-class LlmapiRequestError(RequestError):
-    """What this workflow cannot do (HTTP 400); `param` names the field to change."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message, param=param)
-
-
-def _refuse(what: str, param: str) -> LlmapiRequestError:
-    return LlmapiRequestError(
-        f"{what} is not available with the LLM API workflow: NVIDIA's llmapi model has no input "
-        f"for it (serve engines, pack_model.py --workflow engine, for it); drop `{param}`",
-        param,
-    )
-
-
-def check_request(params: SamplingParams, lora: str | None) -> None:
-    """Raise LlmapiRequestError for what the llmapi model cannot serve (the API answers 400)."""
-    for field, what in _UNSUPPORTED.items():
-        if getattr(params, field) is not None:
-            raise _refuse(what, field)
-    if params.bad_words:
-        raise _refuse("bad_words", "bad_words")
-    if params.beam_width != 1:
-        raise _refuse("beam search (beam_width > 1)", "beam_width")
-    if params.num_return_sequences != 1:
-        raise _refuse("several sequences per request", "num_return_sequences")
-    if params.return_log_probs:
-        raise _refuse("per-token log probs", "return_log_probs")
-    if params.ignore_eos:
-        raise _refuse("ignore_eos", "ignore_eos")
-    if params.guided_decoding is not None:
-        raise _refuse("guided decoding", "guided_decoding")
-    if lora is not None:
-        raise LlmapiRequestError(
-            "LoRA adapters of the LLM API workflow are Hugging Face adapter directories given "
-            "to the model as lora_name/lora_path on the serving machine; models packed with "
-            "--workflow llmapi carry none: drop `lora`",
-            "lora",
+CACHED_TOKENS = "cached_tokens"  # prompt tokens the LLM API found in its KV cache
+# Our SamplingParams fields by the llmapi model's input names; "" where it has none (the log
+# probs travel as one count, sampling_param_logprobs).
+_NAMES = {
+    **{
+        field: f"sampling_param_{field}"
+        for field in (
+            "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "length_penalty", "min_tokens", "seed",
         )
+    },
+    "num_return_sequences": "sampling_param_n",
+    "beam_width": "beam_width",  # never sent: the LLM API workflow's max_beam_width is 1
+    "return_log_probs": "",
+    "top_log_probs": "",
+}  # fmt: skip
 
 
-# The sampling fields the llmapi model reads, each as `sampling_param_<field>`.
-_SAMPLING = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "seed")
-
-
-def _one(value: float | int | bool, dtype: type[np.generic]) -> np.ndarray:
+def one(value: object, dtype: type[np.generic]) -> np.ndarray:
+    """A scalar input of a max_batch_size 0 model: shape [1]."""
     return np.array([value], dtype=dtype)
 
 
-def tensors(prompt: str, params: SamplingParams) -> dict[str, np.ndarray]:
-    """Inputs of the llmapi `tensorrt_llm` model: always streamed, prompt never echoed (the
-    service prepends it itself when asked), finish reason requested."""
-    values = sampling_values(params)
-    sampling = {f"sampling_param_{field}": values[field] for field in _SAMPLING}
-    inputs = {
-        "text_input": np.array([prompt.encode()], dtype=np.object_),
-        "streaming": _one(True, np.bool_),
-        "sampling_param_max_tokens": _one(params.max_tokens, np.int32),
-        "sampling_param_exclude_input_from_output": _one(True, np.bool_),
-        "return_finish_reason": _one(True, np.bool_),
-        **{
-            name: _one(value, dtype)  # type: ignore[arg-type]
-            for name, (value, dtype) in sampling.items()
-            if value is not None
-        },
+def _strings(words: Sequence[str]) -> np.ndarray:
+    return np.array([word.encode() for word in words], dtype=np.object_)
+
+
+def llmapi_tensors(
+    params: SamplingParams, prompt_ids: Sequence[int], lora: LoraTensors | None = None
+) -> dict[str, np.ndarray]:
+    """Inputs of the llmapi model: always streamed, the prompt never echoed (the service
+    prepends it itself when asked)."""
+    tensors = {
+        "text_input": _strings([""]),
+        "input_ids": np.asarray(prompt_ids, dtype=np.int32),
+        "streaming": one(True, np.bool_),
+        "sampling_param_max_tokens": one(params.max_tokens, np.int32),
+        "sampling_param_exclude_input_from_output": one(True, np.bool_),
+        **sampling_tensors(params, _NAMES, one),
     }
+    if params.return_log_probs:
+        tensors["sampling_param_logprobs"] = one(params.top_log_probs, np.int32)
+    if params.ignore_eos:
+        tensors["sampling_param_ignore_eos"] = one(True, np.bool_)
+    if params.end_id is not None:
+        tensors["sampling_param_end_id"] = one(params.end_id, np.int32)
+    if params.pad_id is not None:
+        tensors["sampling_param_pad_id"] = one(params.pad_id, np.int32)
     if params.stop:
-        inputs["sampling_param_stop"] = np.array([s.encode() for s in params.stop], np.object_)
-    return inputs
+        tensors["sampling_param_stop"] = _strings(engine_stop_words(params.stop))
+    if params.bad_words:
+        tensors["sampling_param_bad"] = _strings(params.bad_words)
+    if lora is not None:
+        tensors["lora_id"] = one(lora.task_id, np.uint64)
+        tensors["lora_name"] = _strings([lora.name])
+        tensors["lora_path"] = _strings([lora.path])
+    return tensors
 
 
-def _string(result: InferResult, name: str) -> str | None:
-    value = result.as_numpy(name)
-    if value is None or value.size == 0:
-        return None
-    item = value.reshape(-1)[0]
-    return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
-
-
-class LlmapiDecoder:
-    """llmapi responses -> (new text, token ids, token count, log probs), as the engine routes'
-    decoders; plus the model's finish reason and a tokenizer count of the completion.
-
-    A streamed response is one decoding step: its count is 1 once the text grew (a step whose
-    token completes no character counts when a later one does). The final tally is the
-    completion's size as `settle` finds it, since the model returns no token ids.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._text = ""
-        self._pending = 0
-        self.counted = 0
-        self.finish_reason: FinishReason | None = None
-
-    def __call__(self, result: InferResult) -> Decoded:
-        reason = _string(result, "finish_reason")
-        if reason in _REASONS:
-            self.finish_reason = _REASONS[reason]
-        text = _string(result, "text_output") or ""
-        if not text.startswith(self._text):
-            # The model revised text it had sent (a stop word trimmed at the end): what went out
-            # stays out; the service's own stop-string check holds back such text.
-            self._text = text
-            return "", [], 0, None
-        delta, self._text = text[len(self._text) :], text
-        if not delta:
-            self._pending += 1
-            return "", [], 0, None
-        count, self._pending = 1 + self._pending, 0
-        self.counted += count
-        return delta, [], count, None
-
-    def flush(self) -> str:
-        return ""
-
-    def settle(self, max_tokens: int) -> int:
-        """Tokens to add to what was counted so that the total is the completion's size (may be
-        negative): max_tokens when the model ended for length, else the tokenizer's count of the
-        text, at most max_tokens (re-encoding text is not the generation: a character split over
-        byte tokens, shown as U+FFFD, re-encodes longer)."""
-        if self.finish_reason is FinishReason.LENGTH:
-            return max_tokens - self.counted
-        total = len(self._tokenizer.encode(self._text, add_special_tokens=False))
-        return min(total, max_tokens) - self.counted
-
-    def finish(self, max_tokens: int, generated: int) -> tuple[int, FinishReason | None]:
-        """The model says why it ended, and returns no token ids: the tokenizer counts them."""
-        return self.settle(max_tokens), self.finish_reason
-
-
-class LlmapiRoute(EngineRoute):
-    """Text through NVIDIA's LLM-API `tensorrt_llm` model (the checkpoint workflow)."""
+class LlmapiRoute(DirectRoute):
+    """Token ids through our LLM-API `tensorrt_llm` model (the checkpoint workflow)."""
 
     route = Route.LLMAPI
     model_name = "tensorrt_llm"
-
-    def check(self, params: SamplingParams, lora: str | None) -> None:
-        check_request(params, lora)
+    sends_lora_weights = False
 
     def inputs(
         self, request: RouteRequest, lora: LoraTensors | None
     ) -> tuple[dict[str, np.ndarray], list[str]]:
-        return tensors(request.prompt, request.params), OUTPUTS
+        params = request.params
+        outputs = ["output_ids", *optional_outputs(params), CACHED_TOKENS]
+        return llmapi_tensors(params, request.prompt_ids, lora), outputs
 
-    def decoder(self, params: SamplingParams) -> LlmapiDecoder:
-        return LlmapiDecoder(self.tokenizer)
+    # The model's own count (each sequence's last response), not the C++ backend's blocks.
+    cached_tokens = EngineRoute.cached_tokens

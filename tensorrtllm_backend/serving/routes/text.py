@@ -86,15 +86,20 @@ class TextDecoder(StepDecoder):
         text = response_text(result)
         if not text:
             self._pending += 1
-            return "", [], 0, None
+            return "", [], 0, None, None
         count, self._pending = 1 + self._pending, 0
         ids = self._tokenizer.encode(text, add_special_tokens=False) if self._want_log_probs else []
         log_probs = response_log_probs(result, count) if self._want_log_probs else None
-        return text, ids, count, log_probs
+        return text, ids, count, log_probs, None
 
 
 class TextRoute(EngineRoute):
     """Text through a Triton model that tokenizes and detokenizes itself."""
+
+    no_top_log_probs = (
+        "top log probs are returned on the direct route (TRTLLM_ROUTE=direct): NVIDIA's "
+        "ensemble and BLS models pass no alternatives through"
+    )
 
     def stop_words(self, stops: Sequence[str]) -> Sequence[str] | None:
         """The `stop_words` tensor's words (None: the request's stop strings as sent)."""

@@ -225,8 +225,49 @@ def test_llmapi_options_are_refused_by_the_engine_workflow(name, unchanged_store
 
 
 def test_llmapi_workflow_needs_a_checkpoint(tmp_path, name, unchanged_store, capsys) -> None:
-    assert run_pack("--workflow", "llmapi", "--synthetic", "--name", name) == 2
-    assert "packs --checkpoint DIR (or --demo)" in capsys.readouterr().err
+    assert run_pack("--workflow", "llmapi", "--hf-model", str(tmp_path), "--name", name) == 2
+    assert "packs --checkpoint DIR (or --demo, --synthetic)" in capsys.readouterr().err
+
+
+def test_synthetic_llmapi_model_is_a_cpu_engine_dir_with_its_tokenizer(name, capsys) -> None:
+    """--synthetic --workflow llmapi: the CPU stand-in's synthetic engine as the model, for
+    benchmarks of the llmapi route; no logits, so no guides."""
+    code = run_pack(
+        "--synthetic", "--workflow", "llmapi", "--itl-ms", "3", "--max-input-len", "512",
+        "--max-seq-len", "1024",
+        "--name", name,
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    model = bentoml.models.get(f"{name}:latest")
+    try:
+        root = Path(model.path)
+        engine = json.loads((root / "checkpoint" / "config.json").read_text())
+        assert engine["cpu_engine"]["mode"] == "synthetic" and engine["cpu_engine"]["itl_ms"] == 3
+        assert (root / "checkpoint" / "tokenizer.json").is_file()
+        settings = yaml.safe_load(
+            (root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml").read_text()
+        )
+        assert settings["model"] == "checkpoint" and settings["guided_decoding_backend"] is None
+        assert settings["max_seq_len"] == engine["build_config"]["max_seq_len"] == 1024
+        manifest = json.loads((root / "trtllm_model.json").read_text())
+        assert (manifest["source"], manifest["llmapi_model"]) == ("synthetic", "bentotrtllm")
+        assert model.info.metadata["engine_kind"] == "cpu"
+    finally:
+        bentoml.models.delete(str(model.tag))
+
+
+def test_nvidias_model_is_selectable(checkpoint, name, capsys) -> None:
+    from tensorrtllm_backend.python_models.llmapi_choice import configured_model
+
+    code = llmapi("--checkpoint", checkpoint, "--name", name, "--llmapi-model", "nvidia")
+    assert code == 0, capsys.readouterr().err
+    model = bentoml.models.get(f"{name}:latest")
+    try:
+        root = Path(model.path)
+        assert configured_model(root / "model_repository" / "tensorrt_llm") == "nvidia"
+        assert json.loads((root / "trtllm_model.json").read_text())["llmapi_model"] == "nvidia"
+    finally:
+        bentoml.models.delete(str(model.tag))
 
 
 def test_missing_checkpoint_dir(tmp_path, name, unchanged_store, capsys) -> None:
@@ -278,3 +319,81 @@ def test_target_image_must_ship_trtllm_1(checkpoint, name, unchanged_store, caps
     image = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
     args = ("--checkpoint", checkpoint, "--name", name, "--target-image", image, "--dry-run")
     assert llmapi(*args) == 0
+
+
+def hf_adapter(path: Path, rank: int = 8) -> Path:
+    """A Hugging Face (PEFT) LoRA adapter directory as save_pretrained writes it."""
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": rank, "target_modules": ["q_proj", "v_proj"]})
+    )
+    save_file({"lora_A": np.zeros((rank, 4), np.float32)}, path / "adapter_model.safetensors")
+    return path
+
+
+def test_lora_adapters_are_stored_and_configured(checkpoint, name, tmp_path, capsys) -> None:
+    """Hugging Face adapters for the LLM API: stored under loras/, named in model.yaml's
+    lora_config (localized with the model), sent by the llmapi route as id, name and path."""
+    from tensorrtllm_backend.serving.generation import Generator
+    from tensorrtllm_backend.serving.runtime import LLMRuntime
+    from tensorrtllm_backend.serving.schemas import SamplingParams
+
+    sql, chat = hf_adapter(tmp_path / "sql", 8), hf_adapter(tmp_path / "chat", 16)
+    code = llmapi("--checkpoint", checkpoint, "--name", name, "--lora", f"sql={sql}",
+                  "--lora", f"chat={chat}", "--llm-arg", "lora_config.max_cpu_loras=4")  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    model = bentoml.models.get(f"{name}:latest")
+    root = Path(model.path)
+    try:
+        assert sorted(p.name for p in (root / "loras" / "sql").iterdir()) == [
+            "adapter_config.json", "adapter_model.safetensors"
+        ]  # fmt: skip
+        yaml_path = root / "model_repository" / "tensorrt_llm" / "1" / "model.yaml"
+        assert yaml.safe_load(yaml_path.read_text())["lora_config"] == {
+            "lora_dir": ["loras/chat", "loras/sql"], "max_lora_rank": 16, "max_loras": 2,
+            "max_cpu_loras": 4,
+        }  # fmt: skip
+        localized = localize_repository(root / "model_repository", root.parent / "run", root)
+        settings = yaml.safe_load((localized / "tensorrt_llm" / "1" / "model.yaml").read_text())
+        assert settings["lora_config"]["lora_dir"] == [
+            str(root / "loras/chat"),
+            str(root / "loras/sql"),
+        ]
+        runtime = LLMRuntime(root)
+        assert runtime._lora_supported() and runtime.loras.names() == ["chat", "sql"]
+        generator = Generator(
+            None, demo_tokenizer_of(checkpoint), runtime.limits, runtime.route,  # type: ignore[arg-type]
+            loras=runtime.loras, lora_supported=True,
+        )  # fmt: skip
+        prepared = generator.prepare("Hello", SamplingParams(max_tokens=2), lora="sql")
+        tensors, _ = generator._triton_inputs(prepared, send_lora_weights=True)
+        assert tensors["lora_name"].tolist() == [b"sql"]
+        assert tensors["lora_path"].tolist() == [str(root / "loras" / "sql").encode()]
+        assert tensors["lora_id"].tolist() == [runtime.loras.get("sql").task_id]
+        assert "lora_weights" not in tensors
+    finally:
+        shutil.rmtree(root.parent / "run", ignore_errors=True)
+        bentoml.models.delete(str(model.tag))
+
+
+def demo_tokenizer_of(checkpoint: Path):
+    from tensorrtllm_backend.common.tokenization import load_tokenizer
+
+    return load_tokenizer(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("break_it", "message"),
+    [
+        (lambda p: (p / "adapter_config.json").unlink(), "adapter_config.json is missing"),
+        (lambda p: (p / "adapter_model.safetensors").unlink(), "no adapter weights"),
+        (lambda p: (p / "adapter_config.json").write_text('{"r": 0}'), "must be a whole number"),
+    ],
+)
+def test_bad_lora_adapters_say_what_is_wrong(
+    checkpoint, name, tmp_path, unchanged_store, capsys, break_it, message
+) -> None:
+    adapter = hf_adapter(tmp_path / "adapter")
+    break_it(adapter)
+    assert llmapi("--checkpoint", checkpoint, "--name", name, "--lora", f"a={adapter}") == 2
+    assert message in capsys.readouterr().err

@@ -18,6 +18,7 @@ from tensorrtllm_backend.packing.llmapi_repository import (
     parse_llm_args,
     write_llmapi_repository,
 )
+from tensorrtllm_backend.python_models.llmapi_choice import configured_model
 from tensorrtllm_backend.triton.localize import localize_model_yaml
 
 CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_llmapi.json").read_text())
@@ -30,10 +31,17 @@ def _dtype(name: str) -> str:
 
 
 def _differences(kind: str, ours: list, expected: list[dict], with_optional: bool) -> list[str]:
+    """How our tensors fail to be a superset of NVIDIA's: each of theirs present with the same
+    dtype, dims and optional flag; each of ours beyond them optional (inputs), so that a request
+    written for NVIDIA's model needs none of them."""
     got = {tensor.name: tensor for tensor in ours}
     want = {row["name"]: row for row in expected}
     problems = [f"{kind} {name}: missing" for name in want if name not in got]
-    problems += [f"{kind} {name}: not in NVIDIA's model" for name in got if name not in want]
+    problems += [
+        f"{kind} {name}: ours, but not optional"
+        for name in got.keys() - want.keys()
+        if with_optional and not got[name].optional
+    ]
     for name in want.keys() & got.keys():
         tensor, row = got[name], want[name]
         dtype = model_config_pb2.DataType.Name(tensor.data_type)
@@ -48,13 +56,44 @@ def _differences(kind: str, ours: list, expected: list[dict], with_optional: boo
     return problems
 
 
-def test_config_matches_the_contract_tensor_by_tensor() -> None:
+# Our tensors beyond NVIDIA's (the config's header documents each).
+OUR_INPUTS = {
+    "input_ids", "sampling_param_n", "sampling_param_min_tokens",
+    "sampling_param_repetition_penalty", "sampling_param_length_penalty",
+    "sampling_param_ignore_eos", "sampling_param_end_id", "sampling_param_pad_id",
+    "sampling_param_stop_token_ids", "sampling_param_bad", "sampling_param_bad_token_ids",
+    "sampling_param_logprobs", "guided_decoding_guide_type", "guided_decoding_guide",
+}  # fmt: skip
+OUR_OUTPUTS = {
+    "output_ids", "sequence_index", "output_log_probs", "output_top_token_ids",
+    "output_top_log_probs", "cached_tokens",
+}  # fmt: skip
+
+
+def test_config_is_a_superset_of_the_contract_tensor_by_tensor() -> None:
     config = parse_config(CONFIG.read_text(), source=str(CONFIG))
     problems = _differences("input", list(config.input), CONTRACT["inputs"], True)
     problems += _differences("output", list(config.output), CONTRACT["outputs"], False)
     assert problems == [], "\n".join(problems)
-    assert len(config.input) == len(CONTRACT["inputs"]) == 22
-    assert len(config.output) == len(CONTRACT["outputs"]) == 16
+    assert len(CONTRACT["inputs"]) == 22 and len(CONTRACT["outputs"]) == 16
+    nvidia_inputs = {row["name"] for row in CONTRACT["inputs"]}
+    nvidia_outputs = {row["name"] for row in CONTRACT["outputs"]}
+    assert {t.name for t in config.input} - nvidia_inputs == OUR_INPUTS
+    assert {t.name for t in config.output} - nvidia_outputs == OUR_OUTPUTS
+    header = CONFIG.read_text().split("\nname:", 1)[0]
+    documented = {name for name in OUR_INPUTS | OUR_OUTPUTS if name in header}
+    documented |= {name for name in OUR_INPUTS if name.removeprefix("sampling_param_") in header}
+    assert documented == OUR_INPUTS | OUR_OUTPUTS
+
+
+def test_sampling_param_inputs_name_sampling_params_fields() -> None:
+    """`sampling_param_<field>`: <field> is a tensorrt_llm.SamplingParams field (the LLM API's
+    names, from the contract data the fake-module test also reads)."""
+    api = json.loads((Path(__file__).parents[2] / "data" / "llmapi_python_api.json").read_text())
+    config = parse_config(CONFIG.read_text(), source=str(CONFIG))
+    for tensor in config.input:
+        if tensor.name.startswith("sampling_param_"):
+            assert tensor.name.removeprefix("sampling_param_") in api["SamplingParams"], tensor.name
 
 
 def test_config_model_settings_match_nvidia() -> None:
@@ -133,8 +172,11 @@ def test_model_yaml_holds_parallelism_and_llm_args() -> None:
         "tensor_parallel_size": 2,
         "pipeline_parallel_size": 4,
         "triton_config": {"max_batch_size": 0, "decoupled": True},
+        "guided_decoding_backend": "xgrammar",  # the LLM API drops guides silently without it
         "max_batch_size": 32,
     }
+    off = build_model_yaml(model="checkpoint", llm_args={"guided_decoding_backend": None})
+    assert off["guided_decoding_backend"] is None
     with pytest.raises(TemplateError, match="backend"):
         build_model_yaml(model="checkpoint", backend="tensorrt")
 
@@ -148,6 +190,7 @@ def test_written_repository_loads_and_localizes(tmp_path: Path) -> None:
     version_dir = repository / MODEL_NAME / "1"
     assert sorted(p.name for p in version_dir.iterdir()) == ["model.py", "model.yaml"]
     assert (repository / MODEL_NAME / "config.pbtxt").read_text() == CONFIG.read_text()
+    assert configured_model(repository / MODEL_NAME) == "bentotrtllm"
     assert yaml.safe_load((version_dir / "model.yaml").read_text())["model"] == "checkpoint"
 
     assert localize_model_yaml(repository, model_root) == [version_dir / "model.yaml"]

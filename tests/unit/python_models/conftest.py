@@ -16,9 +16,9 @@ def make_scheduler() -> Iterator[Callable[..., Scheduler]]:
     """Started schedulers over the synthetic backend (VOCAB, EOS), stopped after the test."""
     started: list[Scheduler] = []
 
-    def factory(max_batch_size: int = 64, **backend_kwargs) -> Scheduler:
+    def factory(max_batch_size: int = 64, stream_interval: int = 1, **backend_kwargs) -> Scheduler:
         backend = SyntheticBackend(vocab_size=VOCAB, eos_token_id=EOS, **backend_kwargs)
-        scheduler = Scheduler(backend, max_batch_size)
+        scheduler = Scheduler(backend, max_batch_size, stream_interval=stream_interval)
         scheduler.start()
         started.append(scheduler)
         return scheduler

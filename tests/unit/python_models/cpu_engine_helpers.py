@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
+from tensorrtllm_backend.python_models.cpu_engine.request import (
+    FinishReason,
+    GenRequest,
+    TopLogprobs,
+)
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
 
 VOCAB = 2048  # the synthetic backend's vocabulary in these tests
@@ -16,6 +20,7 @@ class RecordingSink:
 
     def __init__(self) -> None:
         self.chunks: list[tuple[list[int], list[float] | None, bool]] = []
+        self.tops: list[list[TopLogprobs] | None] = []  # the alternatives sent with each chunk
         self.reason: FinishReason | None = None
         self.error: str | None = None
         self.cancelled = False
@@ -23,9 +28,15 @@ class RecordingSink:
         self.first_token = threading.Event()
 
     def send_tokens(
-        self, req: GenRequest, tokens: list[int], logprobs: list[float] | None, final: bool
+        self,
+        req: GenRequest,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        top: list[TopLogprobs] | None,
+        final: bool,
     ) -> None:
         self.chunks.append((list(tokens), None if logprobs is None else list(logprobs), final))
+        self.tops.append(None if top is None else list(top))
         self.first_token.set()
 
     def finish(self, req: GenRequest, reason: FinishReason) -> None:

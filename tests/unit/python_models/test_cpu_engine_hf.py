@@ -111,6 +111,33 @@ def test_log_probs_are_real(scheduler, backend, demo_tokenizer):
     assert all(lp < 0 for lp in req.logprobs)
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_k=5)])
+def test_top_logprobs_are_the_distributions_most_likely_tokens(
+    scheduler, backend, demo_tokenizer, sampling
+):
+    prompt = encode(demo_tokenizer, PROMPTS[0])
+    req, sink = make_request(
+        prompt, 5, return_log_probs=True, top_logprobs=4, sampling=sampling, streaming=True
+    )
+    run_to_end(scheduler, [(req, sink)])
+    with torch.inference_mode():
+        ids = torch.tensor([prompt + req.generated])
+        logits = backend.model(ids).logits[0].float() / (sampling.temperature or 1.0)
+        logprobs = torch.log_softmax(logits, dim=-1)
+    assert [entry for chunk in sink.tops for entry in chunk] == req.top
+    for position, (token, (top_ids, top_values)) in enumerate(
+        zip(req.generated, req.top, strict=True)
+    ):
+        row = logprobs[len(prompt) - 1 + position]
+        values, expected_ids = torch.topk(row, 4)
+        assert top_ids == expected_ids.tolist()
+        assert top_values == pytest.approx(values.tolist(), abs=1e-4)
+        assert top_values == sorted(top_values, reverse=True)
+        assert req.logprobs[position] == pytest.approx(float(row[token]), abs=1e-4)
+        if sampling.greedy:
+            assert top_ids[0] == token
+
+
 def test_penalties_and_bans_change_greedy_output(scheduler, demo_tokenizer):
     prompt = encode(demo_tokenizer, PROMPTS[2])
     base = run_to_end(scheduler, [make_request(prompt, 8)])[0]

@@ -118,6 +118,59 @@ def test_log_probs_are_zero_for_synthetic(make_scheduler):
     assert req.cum_logprob == 0.0
 
 
+def test_synthetic_alternatives_are_the_chosen_token_then_impossible_ones(make_scheduler):
+    scheduler = make_scheduler()
+    req, sink = make_request(PROMPT, 3, streaming=True, return_log_probs=True, top_logprobs=3)
+    scheduler.submit(req)
+    wait_all(sink)
+    tops = [entry for chunk in sink.tops for entry in chunk]
+    assert len(tops) == 3
+    for token, (ids, values) in zip(req.generated, tops, strict=True):
+        assert ids[0] == token and len(set(ids)) == 3
+        assert values == [0.0, float("-inf"), float("-inf")]
+        assert all(FIRST_ID <= i < VOCAB for i in ids)
+    assert req.top == tops  # kept for non-streaming answers too
+
+
+@pytest.mark.parametrize(("interval", "tokens"), [(1, 7), (3, 7), (3, 10), (5, 3)])
+def test_stream_interval_sends_the_first_token_then_groups(make_scheduler, interval, tokens):
+    scheduler = make_scheduler(stream_interval=interval)
+    req, sink = make_request(PROMPT, tokens, streaming=True, return_log_probs=True)
+    scheduler.submit(req)
+    wait_all(sink)
+    sizes = [len(chunk) for chunk, _, _ in sink.chunks]
+    rest = tokens - 1
+    assert sizes == [1] + [interval] * (rest // interval) + (
+        [rest % interval] if rest % interval else []
+    )
+    assert [final for _, _, final in sink.chunks][-1] is True
+    assert sink.streamed() == predict_tokens(PROMPT, tokens, vocab_size=VOCAB, eos_token_id=EOS)
+    assert [lp for _, lps, _ in sink.chunks for lp in lps] == [0.0] * tokens
+
+
+def test_stream_interval_flushes_at_the_end_token(make_scheduler):
+    expected = predict_tokens(PROMPT, 6, vocab_size=VOCAB, eos_token_id=EOS)
+    scheduler = make_scheduler(stream_interval=4)
+    req, sink = make_request(PROMPT, 20, streaming=True, end_id=expected[3])
+    scheduler.submit(req)
+    wait_all(sink)
+    assert sink.chunks == [([expected[0]], None, False), (expected[1:3], None, True)]
+
+
+def test_stream_interval_sends_held_tokens_before_a_cancel(make_scheduler):
+    scheduler = make_scheduler(stream_interval=100, itl_ms=5)
+    req, sink = make_request(PROMPT, 1000, streaming=True, request_id="r1")
+    scheduler.submit(req)
+    assert sink.first_token.wait(5)
+    deadline = time.monotonic() + 5
+    while len(req.generated) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    scheduler.cancel("r1")
+    wait_all(sink)
+    assert sink.reason is FinishReason.CANCELLED
+    assert sink.streamed() == req.generated
+
+
 def test_seed_changes_sequence(make_scheduler):
     scheduler = make_scheduler()
     from tensorrtllm_backend.python_models.cpu_engine.request import SamplingParams

@@ -83,9 +83,13 @@ def test_one_sequence_sends_no_extra_tensor(generator: Generator) -> None:
     assert "sequence_index" not in direct_outputs(params) + text_outputs(params)
 
 
+def strings(ids: list[int]) -> list[str]:
+    return [f"<{i}>" for i in ids]
+
+
 def test_result_response_lists_sequences_only_when_several() -> None:
     one = GenerationResult(3, [SequenceResult(0, "a", 2, FinishReason.LENGTH)])
-    assert one.to_response().sequences is None
+    assert one.to_response(strings).sequences is None
     several = GenerationResult(
         3,
         [
@@ -93,7 +97,7 @@ def test_result_response_lists_sequences_only_when_several() -> None:
             SequenceResult(1, "b", 1, FinishReason.STOP, [-1.0], [7]),
         ],
     )
-    response = several.to_response()
+    response = several.to_response(strings)
     assert response.text == "a" and response.finish_reason is FinishReason.LENGTH
     assert response.usage.completion_tokens == 3 and response.usage.total_tokens == 6
     assert response.cum_log_prob == -0.75
@@ -130,7 +134,47 @@ async def test_stop_words_reach_the_engine_on_every_route(tokenizer) -> None:
             assert words == ["fox", " fox"]
         elif route is Route.ENSEMBLE:
             assert tensors["stop_words"].tolist() == [[b"fox", b" fox"]]
-        elif route is Route.LLMAPI:  # the LLM API matches stop strings itself: as sent
-            assert tensors["sampling_param_stop"].tolist() == [b"fox"]
+        elif route is Route.LLMAPI:  # the LLM API tokenizes them itself: strings, spaced too
+            assert tensors["sampling_param_stop"].tolist() == [b"fox", b" fox"]
         else:  # the BLS also cuts its text at them: exactly the stop strings sent
             assert tensors["stop_words"].tolist() == [[b"fox"]]
+
+
+def test_result_response_names_the_alternatives() -> None:
+    top = [([5, 9], [-0.5, -1.5]), ([6, 2], [-0.25, -9999.0])]
+    sequence = SequenceResult(0, "ab", 2, FinishReason.LENGTH, [-0.5, -0.25], [5, 6], top)
+    response = GenerationResult(3, [sequence]).to_response(strings)
+    assert [[(t.token_id, t.token, t.log_prob) for t in row] for row in response.top_log_probs] == [
+        [(5, "<5>", -0.5), (9, "<9>", -1.5)],
+        [(6, "<6>", -0.25), (2, "<2>", -9999.0)],
+    ]
+
+
+def test_top_log_probs_need_log_probs() -> None:
+    with pytest.raises(ValueError, match="return_log_probs"):
+        SamplingParams(top_log_probs=2)
+    assert SamplingParams(top_log_probs=2, return_log_probs=True).top_log_probs == 2
+
+
+async def test_top_log_probs_are_refused_where_no_alternatives_come_back(tokenizer) -> None:
+    params = SamplingParams(return_log_probs=True, top_log_probs=2)
+    cpp = Generator(
+        TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS,
+        top_log_probs_unsupported="the C++ backend returns the chosen token's only",
+    )  # fmt: skip
+    with pytest.raises(RequestError, match="C\\+\\+ backend") as caught:
+        cpp.prepare("Once upon", params)
+    assert caught.value.param == "top_log_probs"
+    for route in (Route.ENSEMBLE, Route.BLS):
+        text = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route)
+        with pytest.raises(RequestError, match="direct route"):
+            text.prepare("Once upon", params)
+    for route in (Route.DIRECT, Route.LLMAPI):
+        generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=route)
+        tensors, outputs = generator._triton_inputs(generator.prepare("Once", params), False)
+        assert {"output_log_probs", "output_top_token_ids", "output_top_log_probs"} <= set(outputs)
+        if route is Route.DIRECT:
+            assert tensors["top_log_probs"].tolist() == [[2]]
+            assert tensors["return_log_probs"].tolist() == [[True]]
+        else:
+            assert tensors["sampling_param_logprobs"].tolist() == [2]

@@ -142,7 +142,7 @@ async def test_compiling_leaves_the_event_loop_free(compiler: GuideCompiler) -> 
     assert ticks > 1
 
 
-# The engine workflow's routes; the LLM API workflow's model has no guide inputs.
+# The routes whose models take [1, 1] tensors (the llmapi model's are one-dimensional).
 ENGINE_ROUTES = [route for route in Route if route is not Route.LLMAPI]
 
 
@@ -171,12 +171,16 @@ async def test_json_without_guide_sends_the_type_alone(tokenizer, route: Route) 
     assert "guided_decoding_guide" not in tensors
 
 
-async def test_the_llmapi_route_refuses_a_guide(tokenizer) -> None:
+async def test_the_llmapi_route_sends_the_guide_tensors(tokenizer) -> None:
     generator = _generator(tokenizer, Route.LLMAPI)
     params = SamplingParams(guided_decoding=GuidedDecoding(type="json_schema", guide=SCHEMA))
-    with pytest.raises(RequestError, match="guided decoding") as raised:
-        generator.prepare("Hi", params)
-    assert raised.value.param == "guided_decoding"
+    tensors, _ = generator._triton_inputs(generator.prepare("Hi", params), False)
+    assert tensors["guided_decoding_guide_type"].tolist() == [b"json_schema"]
+    assert tensors["guided_decoding_guide"].tolist() == [SCHEMA.encode()]
+    json_only = SamplingParams(guided_decoding=GuidedDecoding(type="json"))
+    tensors, _ = generator._triton_inputs(generator.prepare("Hi", json_only), False)
+    assert tensors["guided_decoding_guide_type"].tolist() == [b"json"]
+    assert "guided_decoding_guide" not in tensors
 
 
 async def test_unguided_request_sends_no_guide_tensor(tokenizer) -> None:

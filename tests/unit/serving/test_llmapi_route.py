@@ -1,129 +1,135 @@
-"""The llmapi route: the tensors it sends (checked against the llmapi contract), what it refuses,
-and how it decodes the model's responses (text so far + finish_reason)."""
+"""The llmapi route: the token-id tensors it sends (checked against our llmapi model's
+config.pbtxt) and the responses it reads (the direct route's decoder, on the llmapi model's
+one-dimensional outputs)."""
 
 from __future__ import annotations
 
-import json
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from tensorrtllm_backend.serving.routes.llmapi import (
-    OUTPUTS,
-    LlmapiDecoder,
-    LlmapiRequestError,
-    check_request,
-    tensors,
-)
-from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
+from tensorrtllm_backend.common.model_repository import parse_config
+from tensorrtllm_backend.packing.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
+from tensorrtllm_backend.serving.routes.direct import DirectDecoder
+from tensorrtllm_backend.serving.routes.llmapi import llmapi_tensors
+from tensorrtllm_backend.serving.schemas import LOG_PROB_FLOOR, GuidedDecoding, SamplingParams
+from tensorrtllm_backend.serving.translation import LoraTensors
 
-CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_llmapi.json").read_text())
+CONFIG = parse_config((TEMPLATES_DIR / MODEL_NAME / "config.pbtxt").read_text())
+INPUTS = {tensor.name: tensor for tensor in CONFIG.input}
 NUMPY_DTYPES = {
-    "STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64,
-    "FP32": np.float32,
+    "TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32,
+    "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32,
 }  # fmt: skip
 
 
-def test_tensors_follow_the_contract() -> None:
+def _dtype(name: str) -> type:
+    from tritonclient.grpc import model_config_pb2
+
+    return NUMPY_DTYPES[model_config_pb2.DataType.Name(INPUTS[name].data_type)]
+
+
+def test_every_tensor_is_an_input_of_the_model_with_its_dtype_and_rank() -> None:
     params = SamplingParams(
-        max_tokens=7, temperature=0.5, top_k=3, top_p=0.9, presence_penalty=0.1,
-        frequency_penalty=0.2, seed=2**64 - 1, stop=["\n\n", "END"],
+        max_tokens=7, min_tokens=2, temperature=0.5, top_k=3, top_p=0.9, repetition_penalty=1.1,
+        presence_penalty=0.1, frequency_penalty=0.2, length_penalty=1.0, seed=2**64 - 1,
+        stop=["\n\n", "END"], bad_words=["x"], end_id=2, pad_id=0, num_return_sequences=2,
+        return_log_probs=True, top_log_probs=3, ignore_eos=True,
+        guided_decoding=GuidedDecoding(type="json_schema", guide='{"type": "object"}'),
     )  # fmt: skip
-    sent = tensors("Hello", params)
-    inputs = {row["name"]: row for row in CONTRACT["inputs"]}
+    lora = LoraTensors(17, name="adapter", path="/models/x/loras/adapter")
+    sent = llmapi_tensors(params, [1, 5, 9], lora)
     for name, array in sent.items():
-        row = inputs[name]  # every input is one NVIDIA's model declares
-        assert array.dtype == NUMPY_DTYPES[row["dtype"]], name
-        # max_batch_size 0: the shape is the dims, no batch dimension
-        assert list(array.shape) == [len(params.stop) if row["dims"] == [-1] and
-                                     name == "sampling_param_stop" else 1], name  # fmt: skip
-    assert sent["text_input"].tolist() == [b"Hello"]
-    assert sent["sampling_param_stop"].tolist() == [b"\n\n", b"END"]
-    assert sent["sampling_param_max_tokens"].tolist() == [7]
+        assert array.dtype == _dtype(name), name
+        assert array.ndim == len(INPUTS[name].dims) == 1, name  # max_batch_size 0: no batch dim
+    assert sent["text_input"].tolist() == [b""]
+    assert sent["input_ids"].tolist() == [1, 5, 9]
+    assert sent["sampling_param_n"].tolist() == [2]
+    assert sent["sampling_param_logprobs"].tolist() == [3]
     assert sent["sampling_param_seed"].tolist() == [2**64 - 1]
-    assert sent["streaming"].tolist() == [True]
-    assert sent["sampling_param_exclude_input_from_output"].tolist() == [True]
-    assert sent["return_finish_reason"].tolist() == [True]
-    assert set(OUTPUTS) <= {row["name"] for row in CONTRACT["outputs"]}
+    assert sent["sampling_param_stop"].tolist() == [b"\n\n", b"END", b" END"]
+    assert sent["sampling_param_bad"].tolist() == [b"x"]
+    assert sent["guided_decoding_guide_type"].tolist() == [b"json_schema"]
+    assert (sent["lora_id"].tolist(), sent["lora_name"].tolist()) == ([17], [b"adapter"])
 
 
-def test_unset_sampling_fields_are_not_sent() -> None:
-    sent = tensors("Hi", SamplingParams(max_tokens=3))
+def test_unset_fields_are_not_sent() -> None:
+    sent = llmapi_tensors(SamplingParams(max_tokens=3), [4])
     assert sorted(sent) == sorted(
-        ["text_input", "streaming", "sampling_param_max_tokens",
-         "sampling_param_exclude_input_from_output", "return_finish_reason"]
+        ["text_input", "input_ids", "streaming", "sampling_param_max_tokens",
+         "sampling_param_exclude_input_from_output"]
     )  # fmt: skip
+    assert llmapi_tensors(SamplingParams(return_log_probs=True), [4])[
+        "sampling_param_logprobs"
+    ].tolist() == [0]
 
 
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [
-        ({"min_tokens": 2}, "min_tokens"),
-        ({"repetition_penalty": 1.1}, "repetition_penalty"),
-        ({"length_penalty": 1.0}, "length_penalty"),
-        ({"end_id": 2}, "end_id"),
-        ({"pad_id": 0}, "pad_id"),
-        ({"bad_words": ["x"]}, "bad_words"),
-        ({"beam_width": 2}, "beam_width"),
-        ({"num_return_sequences": 2}, "num_return_sequences"),
-        ({"return_log_probs": True}, "return_log_probs"),
-        ({"ignore_eos": True}, "ignore_eos"),
-        ({"guided_decoding": GuidedDecoding(type="json")}, "guided_decoding"),
-    ],
-)
-def test_what_the_workflow_cannot_do_is_refused(fields: dict, param: str) -> None:
-    with pytest.raises(LlmapiRequestError, match=f"drop `{param}`") as caught:
-        check_request(SamplingParams(**fields), None)
-    assert caught.value.param == param
-
-
-def test_packed_lora_is_refused_with_the_reason() -> None:
-    with pytest.raises(LlmapiRequestError, match="lora_name/lora_path") as caught:
-        check_request(SamplingParams(), "my-adapter")
-    assert caught.value.param == "lora"
-
-
-def test_plain_sampling_passes() -> None:
-    check_request(SamplingParams(temperature=0.7, top_p=0.9, seed=1, stop=["x"]), None)
-
-
-def response(text: str, finish_reason: str) -> InferResult:
+def response(**outputs: np.ndarray) -> InferResult:
     """A ModelInferResponse as tritonserver sends it for the llmapi model."""
     message = service_pb2.ModelInferResponse(model_name="tensorrt_llm")
-    for name, value in (("text_output", text), ("finish_reason", finish_reason)):
-        message.outputs.add(name=name, datatype="BYTES", shape=[1])
-        # Triton's BYTES wire format: each element as a 4-byte little-endian length + its bytes.
-        data = value.encode()
-        message.raw_output_contents.append(struct.pack("<I", len(data)) + data)
+    datatypes = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
+    for name, value in outputs.items():
+        message.outputs.add(name=name, datatype=datatypes[value.dtype], shape=list(value.shape))
+        message.raw_output_contents.append(value.astype(value.dtype.newbyteorder("<")).tobytes())
     return InferResult(message)
 
 
-def test_decoder_turns_text_so_far_into_deltas(demo_tokenizer) -> None:
-    decoder = LlmapiDecoder(demo_tokenizer)
-    steps = [("Once", "None"), ("Once upon", "None"), ("Once upon", "None"),
-             ("Once upon a time", "length")]  # fmt: skip
-    out = [decoder(response(text, reason)) for text, reason in steps]
-    assert [text for text, *_ in out] == ["Once", " upon", "", " a time"]
-    assert [count for _, _, count, _ in out] == [1, 1, 0, 2]  # a step without text counts later
-    assert decoder.finish_reason is FinishReason.LENGTH
-    assert decoder.counted + decoder.settle(max_tokens=5) == 5  # ended for length: max_tokens
+def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer) -> None:
+    ids = demo_tokenizer.encode(" upon a time", add_special_tokens=False)
+    decoder = DirectDecoder(demo_tokenizer, want_log_probs=True, top_log_probs=2)
+    pieces = []
+    for position, token in enumerate(ids):
+        top_ids = np.array([[token, 7]], np.int32)
+        top_values = np.array([[-0.1, -np.inf]], np.float32)
+        text, got, count, log_probs, top = decoder(
+            response(
+                output_ids=np.array([token], np.int32),
+                sequence_index=np.array([0], np.int32),
+                output_log_probs=np.array([-0.1 * position], np.float32),
+                output_top_token_ids=top_ids,
+                output_top_log_probs=top_values,
+            )
+        )
+        pieces.append(text)
+        assert (got, count) == ([token], 1)
+        assert log_probs == pytest.approx([-0.1 * position])
+        assert top == [([token, 7], [pytest.approx(-0.1), LOG_PROB_FLOOR])]
+    assert "".join(pieces) + decoder.flush() == " upon a time"
 
 
-def test_decoder_counts_a_stopped_completion_with_the_tokenizer(demo_tokenizer) -> None:
-    decoder = LlmapiDecoder(demo_tokenizer)
-    decoder(response("Once upon", "None"))
-    decoder(response("Once upon a time", "stop"))
-    assert decoder.finish_reason is FinishReason.STOP
-    expected = len(demo_tokenizer.encode("Once upon a time", add_special_tokens=False))
-    assert decoder.counted + decoder.settle(max_tokens=100) == expected
-    assert decoder.counted + decoder.settle(max_tokens=2) == 2  # never above max_tokens
+def test_fewer_alternatives_than_asked_for_is_an_error(demo_tokenizer) -> None:
+    from tensorrtllm_backend.common.engine_api import EngineModelError
+
+    decoder = DirectDecoder(demo_tokenizer, want_log_probs=True, top_log_probs=3)
+    with pytest.raises(EngineModelError, match="3 alternatives"):
+        decoder(
+            response(
+                output_ids=np.array([5], np.int32),
+                output_log_probs=np.array([-0.5], np.float32),
+                output_top_token_ids=np.array([[5, 6]], np.int32),
+                output_top_log_probs=np.array([[-0.5, -1.0]], np.float32),
+            )
+        )
 
 
-def test_revised_text_sends_nothing_more(demo_tokenizer) -> None:
-    decoder = LlmapiDecoder(demo_tokenizer)
-    assert decoder(response("Once upon a ti", "None"))[0] == "Once upon a ti"
-    assert decoder(response("Once upon a", "stop"))[0] == ""  # stop word trimmed at the end
-    assert decoder.finish_reason is FinishReason.STOP
+def test_struct_layout_is_little_endian() -> None:
+    """new_token_ids reads raw bytes as little-endian int32, as Triton sends them."""
+    assert struct.pack("<i", 5) == np.array([5], np.int32).astype("<i4").tobytes()
+
+
+def test_the_route_asks_for_the_models_cached_tokens(demo_tokenizer) -> None:
+    from tensorrtllm_backend.serving.routes.llmapi import LlmapiRoute
+
+    class Request:
+        prompt = "Hi"
+        params = SamplingParams(return_log_probs=True, top_log_probs=2)
+        prompt_ids = [1, 2]
+
+    tensors, outputs = LlmapiRoute(demo_tokenizer).inputs(Request(), None)
+    assert outputs == [
+        "output_ids", "output_log_probs", "output_top_token_ids", "output_top_log_probs",
+        "cached_tokens",
+    ]  # fmt: skip
+    assert "return_perf_metrics" not in tensors

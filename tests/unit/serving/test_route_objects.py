@@ -14,7 +14,6 @@ from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionReques
 from tensorrtllm_backend.serving.openai_api.tools import plan_tools
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.routes import ROUTE_MODELS, Route, make_route
-from tensorrtllm_backend.serving.routes.llmapi import check_request
 from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
@@ -48,7 +47,7 @@ async def test_the_generator_asks_its_route_for_the_tensors(route: Route, tokeni
     await client.close()
 
 
-@pytest.mark.parametrize("route", [Route.DIRECT, Route.ENSEMBLE, Route.BLS])
+@pytest.mark.parametrize("route", list(Route))
 @pytest.mark.parametrize(("generated", "reason"), [(5, FinishReason.LENGTH), (4, None)])
 def test_engine_routes_end_for_length_at_max_tokens(
     route: Route, generated: int, reason: FinishReason | None, tokenizer
@@ -70,15 +69,22 @@ def test_the_direct_route_needs_an_end_token(tokenizer) -> None:
 def test_only_the_ensemble_returns_one_sequence(tokenizer) -> None:
     single = {route: make_route(route, tokenizer).single_sequence for route in Route}
     assert single[Route.ENSEMBLE] is not None and "sequence_index" in single[Route.ENSEMBLE]
-    assert single[Route.DIRECT] is single[Route.BLS] is None
+    assert single[Route.DIRECT] is single[Route.BLS] is single[Route.LLMAPI] is None
+
+
+def test_the_token_id_routes_share_one_decoder(tokenizer) -> None:
+    params = SamplingParams(return_log_probs=True, top_log_probs=2)
+    direct = make_route(Route.DIRECT, tokenizer).decoder(params)
+    assert type(make_route(Route.LLMAPI, tokenizer).decoder(params)) is type(direct)
 
 
 async def test_the_grpc_client_is_an_inference_engine() -> None:
     assert isinstance(TritonLLMClient("127.0.0.1:1"), InferenceEngine)
 
 
-def _llmapi_refusal(tokenizer) -> None:
-    check_request(SamplingParams(min_tokens=2), None)
+def _top_log_probs_refusal(tokenizer) -> None:
+    generator = Generator(TritonLLMClient("127.0.0.1:1"), tokenizer, LIMITS, route=Route.BLS)
+    generator.prepare("The fox", SamplingParams(return_log_probs=True, top_log_probs=2))
 
 
 def _guide_refusal(tokenizer) -> None:
@@ -97,7 +103,7 @@ def _tool_refusal(tokenizer) -> None:
 @pytest.mark.parametrize(
     ("refuse", "param"),
     [
-        (_llmapi_refusal, "min_tokens"),
+        (_top_log_probs_refusal, "top_log_probs"),
         (_guide_refusal, "guided_decoding"),
         (_tool_refusal, "tool_choice"),
     ],

@@ -8,7 +8,6 @@ configured by the CPU engine dir in the `gpt_model_path` parameter (${engine_dir
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 
 # Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
@@ -17,9 +16,10 @@ sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").spli
 import triton_python_backend_utils as pb_utils
 
 from tensorrtllm_backend.common.cpu_engine_config import EngineConfig, load_engine_config
-from tensorrtllm_backend.common.guides import Guide, GuideCompiler, GuideError
+from tensorrtllm_backend.common.guides import GuideError
+from tensorrtllm_backend.python_models.cpu_engine.loading import EngineGuides, make_backend
 from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
-from tensorrtllm_backend.python_models.cpu_engine.scheduler import Backend, Scheduler
+from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
 from tensorrtllm_backend.python_models.cpu_engine.triton_io import (
     EngineLimits,
     RequestError,
@@ -67,60 +67,7 @@ def _resolve_engine_dir(value: str, model_repository: str) -> Path:
     return (model_dir.parent.parent / path).resolve()
 
 
-def _make_backend(config: EngineConfig) -> Backend:
-    section = config.cpu_engine
-    if section.mode == "synthetic":
-        from tensorrtllm_backend.python_models.cpu_engine.synthetic import SyntheticBackend
-
-        return SyntheticBackend(
-            vocab_size=config.pretrained_config.vocab_size,
-            eos_token_id=section.eos_token_id,
-            ttft_ms=section.ttft_ms,
-            itl_ms=section.itl_ms,
-            seed=section.seed,
-        )
-    from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend
-
-    return HFBackend(config.checkpoint_path(), device=section.device)
-
-
-class _EngineGuides:
-    """The engine's guide compiler (as TensorRT-LLM's guided_decoding_backend: xgrammar over the
-    tokenizer_dir tokenizer). Built in a thread at start, since importing xgrammar and loading
-    the tokenizer take seconds that unguided requests need not wait for; a guided request waits.
-    """
-
-    def __init__(self, tokenizer_dir: Path, vocab_size: int) -> None:
-        self._ready = threading.Event()
-        self._compiler: GuideCompiler | None = None
-        self._error: str | None = None
-        threading.Thread(
-            target=self._load, args=(tokenizer_dir, vocab_size), name="guide-compiler", daemon=True
-        ).start()
-
-    def _load(self, tokenizer_dir: Path, vocab_size: int) -> None:
-        try:
-            from tensorrtllm_backend.common.tokenization import load_tokenizer
-
-            compiler = GuideCompiler(load_tokenizer(tokenizer_dir), vocab_size)
-            compiler.tokenizer_info  # noqa: B018 - build it now, not on the first request
-            self._compiler = compiler
-        except Exception as exc:  # reported to guided requests, not fatal to the model
-            self._error = f"guided decoding is unavailable: {exc}"
-        finally:
-            self._ready.set()
-
-    def compile(self, guided: tuple[str, str | None]) -> object:
-        self._ready.wait()
-        if self._compiler is None:
-            raise RequestError(self._error or "guided decoding is unavailable")
-        try:
-            return self._compiler.compile(Guide(*guided))
-        except (GuideError, ValueError) as exc:
-            raise RequestError(str(exc)) from None
-
-
-def _guides(model_config: dict, config: EngineConfig, model_repository: str) -> _EngineGuides | str:
+def _guides(model_config: dict, config: EngineConfig, model_repository: str) -> EngineGuides | str:
     """The engine's guide compiler, or why guided requests are refused."""
     if config.cpu_engine.mode != "hf":
         return "guided decoding needs a model with logits; the synthetic CPU engine has none"
@@ -136,7 +83,7 @@ def _guides(model_config: dict, config: EngineConfig, model_repository: str) -> 
             tokenizer_dir = Path(model_repository).parent.parent / tokenizer_dir
     else:  # an hf-mode engine's checkpoint holds its tokenizer
         tokenizer_dir = config.checkpoint_path()
-    return _EngineGuides(tokenizer_dir.resolve(), config.pretrained_config.vocab_size)
+    return EngineGuides(tokenizer_dir.resolve(), config.pretrained_config.vocab_size)
 
 
 class TritonPythonModel:
@@ -171,10 +118,16 @@ class TritonPythonModel:
             max_batch_size=build.max_batch_size,
         )
         self.guides = _guides(model_config, config, args["model_repository"])
+        interval = _param(model_config, "stream_interval")
+        if interval is not None and not (interval.isdigit() and int(interval) >= 1):
+            raise pb_utils.TritonModelException(
+                f"parameter stream_interval must be a positive integer, got {interval!r}"
+            )
         self.scheduler = Scheduler(
-            _make_backend(config),
+            make_backend(config),
             build.max_batch_size,
             cancel_poll_interval_s=CANCEL_POLL_INTERVAL_S,
+            stream_interval=int(interval or 1),
         )
         self.scheduler.start()
         self.metrics = MetricsPublisher(
@@ -185,7 +138,8 @@ class TritonPythonModel:
         self.metrics.start()
         self.logger.log_info(
             f"CPU engine ({config.cpu_engine.mode}) from {engine_dir}, "
-            f"max_batch_size={build.max_batch_size}, decoupled={self.decoupled}"
+            f"max_batch_size={build.max_batch_size}, decoupled={self.decoupled}, "
+            f"stream_interval={interval or 1}"
         )
 
     def execute(self, requests: list) -> list | None:
@@ -236,7 +190,10 @@ class TritonPythonModel:
             if kwargs["guided"] is not None:
                 if isinstance(self.guides, str):
                     raise RequestError(self.guides)
-                kwargs["grammar"] = self.guides.compile(kwargs["guided"])
+                try:
+                    kwargs["grammar"] = self.guides.compile(*kwargs["guided"])
+                except GuideError as exc:
+                    raise RequestError(str(exc)) from None
         group.set_sequences(len(parsed.sequences), parsed.perf_metrics)
         for kwargs in parsed.sequences:
             self.scheduler.submit(GenRequest(sink=group.sink(), **kwargs))

@@ -1,23 +1,20 @@
-"""tensorrt_llm (llmapi workflow): NVIDIA's LLM API model on a GPU host, our CPU stand-in elsewhere.
+"""tensorrt_llm (llmapi workflow): our LLM-API model, or NVIDIA's where the repository asks.
 
-Triton loads this file for the `llmapi` repository. It picks the implementation once, at import:
-
-* NVIDIA's model.py (the one NGC `*-trtllm-python-py3` images ship) when `tensorrt_llm` is
-  importable by this stub's Python, found at $TRTLLM_LLMAPI_MODEL_PY or the image's
-  /app/all_models/llmapi/tensorrt_llm/1/model.py. It reads 1/model.yaml from this directory,
-  as it does in NVIDIA's own repository.
-* tensorrtllm_backend.python_models.cpu_engine.llmapi_model otherwise: the same tensors served by the CPU
-  engine from the same checkpoint.
-
-TRTLLM_LLMAPI_IMPL=nvidia|cpu forces one (auto by default).
+Triton loads this file for the `llmapi` repository; it only bootstraps. The class comes from
+tensorrtllm_backend.python_models.llmapi_choice, picked once at import from config.pbtxt's
+`llmapi_model` parameter: `bentotrtllm` (python_models/llmapi: tensorrt_llm.LLM where it is
+importable, the CPU stand-in elsewhere; TRTLLM_LLMAPI_IMPL=tensorrt_llm|cpu forces one) or
+`nvidia` (NVIDIA's own model.py of the NGC image, $TRTLLM_LLMAPI_MODEL_PY).
+Both read 1/model.yaml from this directory, as in NVIDIA's own repository.
 """
 
 import os
 import sys
+from pathlib import Path
 
 # Triton's python stub ignores PYTHONPATH: the supervisor passes our paths (venv, package) here.
 sys.path[:0] = filter(None, os.environ.get("TRTLLM_BACKEND_PYTHONPATH", "").split(os.pathsep))
 
 from tensorrtllm_backend.python_models.llmapi_choice import pick_model
 
-TritonPythonModel = pick_model()
+TritonPythonModel = pick_model(Path(__file__).resolve().parents[1])

@@ -1,0 +1,65 @@
+"""What both CPU-engine slots build at start: the backend of an engine config, and the guide
+compiler that enforces guided decoding (as TensorRT-LLM's `guided_decoding_backend: xgrammar`)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ...common.cpu_engine_config import EngineConfig
+from ...common.guides import Guide, GuideCompiler, GuideError
+from .scheduler import Backend
+
+
+def make_backend(config: EngineConfig) -> Backend:
+    """The synthetic or hf backend a CPU engine dir describes."""
+    section = config.cpu_engine
+    if section.mode == "synthetic":
+        from .synthetic import SyntheticBackend
+
+        return SyntheticBackend(
+            vocab_size=config.pretrained_config.vocab_size,
+            eos_token_id=section.eos_token_id,
+            ttft_ms=section.ttft_ms,
+            itl_ms=section.itl_ms,
+            seed=section.seed,
+        )
+    from .hf import HFBackend
+
+    return HFBackend(config.checkpoint_path(), device=section.device)
+
+
+class EngineGuides:
+    """The engine's guide compiler: xgrammar over the engine's tokenizer. Built in a thread at
+    start, since importing xgrammar and loading the tokenizer take seconds that unguided
+    requests need not wait for; a guided request waits."""
+
+    def __init__(self, tokenizer_dir: Path, vocab_size: int) -> None:
+        self._ready = threading.Event()
+        self._compiler: GuideCompiler | None = None
+        self._error: str | None = None
+        threading.Thread(
+            target=self._load, args=(tokenizer_dir, vocab_size), name="guide-compiler", daemon=True
+        ).start()
+
+    def _load(self, tokenizer_dir: Path, vocab_size: int) -> None:
+        try:
+            from ...common.tokenization import load_tokenizer
+
+            compiler = GuideCompiler(load_tokenizer(tokenizer_dir), vocab_size)
+            compiler.tokenizer_info  # noqa: B018 - build it now, not on the first request
+            self._compiler = compiler
+        except Exception as exc:  # reported to guided requests, not fatal to the model
+            self._error = f"guided decoding is unavailable: {exc}"
+        finally:
+            self._ready.set()
+
+    def compile(self, guide_type: str, guide: str | None) -> object:
+        """The compiled grammar (blocking, cached); GuideError says why it cannot be enforced."""
+        self._ready.wait()
+        if self._compiler is None:
+            raise GuideError(self._error or "guided decoding is unavailable")
+        try:
+            return self._compiler.compile(Guide(guide_type, guide))
+        except ValueError as exc:  # GuideError, or xgrammar's own
+            raise GuideError(str(exc)) from None

@@ -1,0 +1,298 @@
+"""The adapter: every call this project makes into `tensorrt_llm` is in this module.
+
+It builds one `tensorrt_llm.LLM` from model.yaml's LLM arguments, turns each EngineRequest into
+a `SamplingParams` (with `GuidedDecodingParams`, and a `LoRARequest` when the request names an
+adapter), calls `generate_async` with keywords only, and reads the `RequestOutput` it yields back
+into steps. Written against TensorRT-LLM 1.2 (the facts in the project's TRTLLM_LLMAPI.md);
+where that source was uncertain the code reads defensively and says so. tests/unit/python_models/
+test_llmapi_trtllm.py runs it against a fake `tensorrt_llm` built from the documented API, whose
+constructors accept exactly the documented keywords.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import tensorrt_llm
+from tensorrt_llm.executor.request import LoRARequest
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
+
+from .engine import (
+    EngineRequest,
+    Guide,
+    LoraSpec,
+    PerfMetrics,
+    RequestError,
+    Sampling,
+    SequenceStep,
+    Step,
+    TopLogprobs,
+)
+from .settings import ModelSettings
+
+# What SamplingParams takes as it is (Sampling's fields carry its names).
+_PLAIN_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "length_penalty",
+    "seed",
+    "min_tokens",
+    "n",
+    "best_of",
+    "pad_id",
+    "ignore_eos",
+    "logprobs",
+    "return_perf_metrics",
+    "detokenize",
+)
+# A token the runtime left out of its alternatives (releases up to 1.2 do not add the sampled
+# token when it falls outside the top k): OpenAI's floor for a log prob, as trtllm-serve uses.
+MISSING_LOGPROB = -9999.0
+
+
+def llm_arguments(settings: ModelSettings) -> dict[str, Any]:
+    """model.yaml's LLM arguments as NVIDIA's model passes them: through
+    `update_llm_args_with_extra_dict`, which makes the nested sections (kv_cache_config, ...)
+    config objects. Where a release lacks that helper the dict goes as it is (the LLM
+    arguments are pydantic models that accept nested dicts)."""
+    args = dict(settings.llm_args)
+    try:
+        from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
+    except ImportError:
+        return args
+    return dict(update_llm_args_with_extra_dict({}, args))
+
+
+def guided_decoding(guide: Guide) -> Any:
+    """The C++ backend's guide types as GuidedDecodingParams: `json` without a guide is any JSON
+    object (json_object), a schema goes in `json`, EBNF in `grammar`."""
+    if guide.type == "json" and not guide.guide:
+        return GuidedDecodingParams(json_object=True)
+    if guide.type in ("json", "json_schema"):
+        return GuidedDecodingParams(json=guide.guide)
+    if guide.type == "regex":
+        return GuidedDecodingParams(regex=guide.guide)
+    if guide.type == "ebnf_grammar":
+        return GuidedDecodingParams(grammar=guide.guide)
+    return GuidedDecodingParams(structural_tag=guide.guide)
+
+
+def sampling_params(sampling: Sampling) -> Any:
+    """A SamplingParams with only the fields the request set, by keyword."""
+    fields: dict[str, Any] = {
+        name: value for name in _PLAIN_FIELDS if (value := getattr(sampling, name)) is not None
+    }
+    if not fields.get("ignore_eos"):
+        fields.pop("ignore_eos", None)
+    if fields.get("logprobs") == 0:
+        fields["logprobs"] = 1  # the chosen token's log prob: the top 1 (see _logprobs)
+    stop_ids = list(sampling.stop_token_ids)
+    if sampling.end_id is not None:
+        if sampling.stop or sampling.bad:
+            # The LLM API tokenizes stop and bad strings only while end_id is unset (its
+            # _setup runs then, and fills end_id from the tokenizer); with both, the request
+            # would fail. The custom end token becomes a stop token instead: it ends the
+            # sequence and is cut from it all the same.
+            stop_ids.append(sampling.end_id)
+        else:
+            fields["end_id"] = sampling.end_id
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if stop_ids:
+        fields["stop_token_ids"] = stop_ids
+    if sampling.bad:
+        fields["bad"] = list(sampling.bad)
+    if sampling.bad_token_ids:
+        fields["bad_token_ids"] = list(sampling.bad_token_ids)
+    if sampling.guide is not None:
+        fields["guided_decoding"] = guided_decoding(sampling.guide)
+    # The prompt is never echoed by the engine: the model prepends it itself when asked.
+    fields["exclude_input_from_output"] = True
+    return SamplingParams(**fields)
+
+
+def lora_request(lora: LoraSpec) -> Any:
+    """LoRARequest checks that the adapter's path exists (a ValueError: the request's error)."""
+    return LoRARequest(
+        lora_name=lora.name,
+        lora_int_id=lora.int_id,
+        lora_path=lora.path,
+        lora_ckpt_source=lora.ckpt_source,
+    )
+
+
+class TrtllmEngine:
+    """LlmEngine over one `tensorrt_llm.LLM` (PyTorch backend)."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self._settings = settings
+        self._llm = tensorrt_llm.LLM(**llm_arguments(settings))
+        self.name = f"tensorrt_llm {getattr(tensorrt_llm, '__version__', '')} ({settings.path})"
+
+    def generate(self, request: EngineRequest) -> TrtllmGeneration:
+        if request.sampling.guide is not None and self._settings.guided_decoding_backend is None:
+            # The LLM API would drop the guide without a word.
+            raise RequestError(
+                "guided decoding is off for this model: model.yaml sets no "
+                "guided_decoding_backend (pack it with guided_decoding_backend: xgrammar)"
+            )
+        try:
+            params = sampling_params(request.sampling)
+            lora = lora_request(request.lora) if request.lora is not None else None
+        except (ValueError, TypeError) as error:  # SamplingParams / LoRARequest validation
+            raise RequestError(str(error)) from None
+        prompt = request.prompt
+        inputs = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+        output = self._llm.generate_async(
+            inputs=inputs,
+            sampling_params=params,
+            lora_request=lora,
+            streaming=request.streaming,
+        )
+        return TrtllmGeneration(output, request)
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()
+
+
+class TrtllmGeneration:
+    """A RequestOutput read as steps. The LLM API updates one RequestOutput in place at each
+    yield; its `*_diff` properties hold what arrived since the previous one."""
+
+    def __init__(self, output: Any, request: EngineRequest) -> None:
+        self._output = output
+        self._request = request
+
+    def abort(self) -> None:
+        self._output.abort()
+
+    def __aiter__(self) -> AsyncIterator[Step]:
+        return self._steps()
+
+    async def _steps(self) -> AsyncIterator[Step]:
+        if not self._request.streaming:
+            await self._output.aresult()
+            yield self._step(whole=True)
+            return
+        async for _ in self._output:
+            step = self._step(whole=False)
+            yield step
+            if step.finished:
+                return
+
+    def _step(self, *, whole: bool) -> Step:
+        output = self._output
+        k = self._request.sampling.logprobs
+        sequences = []
+        for completion in output.outputs:
+            tokens = list(completion.token_ids if whole else completion.token_ids_diff)
+            chosen, top = (None, None)
+            if k is not None:
+                raw = completion.logprobs if whole else completion.logprobs_diff
+                chosen, top = _logprobs(tokens, list(raw or []), k)
+            sequences.append(
+                SequenceStep(
+                    index=int(completion.index),
+                    token_ids=tokens,
+                    text=completion.text or "",
+                    logprobs=chosen,
+                    top=top,
+                    finish_reason=completion.finish_reason,
+                    stop_reason=completion.stop_reason,
+                    cumulative_logprob=completion.cumulative_logprob,
+                    perf=_perf(completion.request_perf_metrics)
+                    if completion.finish_reason is not None
+                    else None,
+                )
+            )
+        sequences.sort(key=lambda sequence: sequence.index)
+        return Step(
+            sequences,
+            bool(output.finished),
+            cached_tokens=int(getattr(output, "cached_tokens", 0) or 0),
+        )
+
+
+def _logprobs(
+    tokens: list[int], raw: list[Any], k: int
+) -> tuple[list[float], list[TopLogprobs] | None]:
+    """The chosen tokens' log probs and their top-k alternatives, from the LLM API's per-token
+    entries: a dict token id -> Logprob(logprob, rank) (PyTorch backend), or a float (the
+    chosen token's only, the legacy TensorRT path)."""
+    chosen: list[float] = []
+    top: list[TopLogprobs] = []
+    for token, entry in zip(tokens, raw, strict=False):
+        if isinstance(entry, dict):
+            value = entry.get(token)
+            chosen.append(_value(value) if value is not None else MISSING_LOGPROB)
+            ranked = sorted(entry.items(), key=lambda item: _rank(item[1]))[:k]
+            top.append(([int(t) for t, _ in ranked], [_value(v) for _, v in ranked]))
+        else:
+            chosen.append(float(entry))
+            top.append(([], []))
+    if len(chosen) < len(tokens):
+        raise RequestError(
+            f"the engine returned log probs for {len(chosen)} of {len(tokens)} tokens"
+        )
+    if k == 0:
+        return chosen, None
+    if any(len(ids) < k for ids, _ in top):
+        raise RequestError(
+            f"the engine returned fewer than the {k} alternatives asked for per token "
+            "(this TensorRT-LLM path returns the chosen token's log prob only)"
+        )
+    return chosen, top
+
+
+def _value(entry: Any) -> float:
+    value = float(getattr(entry, "logprob", entry))
+    return value if not math.isnan(value) else MISSING_LOGPROB
+
+
+def _rank(entry: Any) -> tuple[int, float]:
+    """Rank 1 first; entries without a rank by their log prob."""
+    rank = getattr(entry, "rank", None)
+    return (rank if rank is not None else 1 << 30, -_value(entry))
+
+
+def _perf(metrics: Any) -> PerfMetrics | None:
+    """CompletionOutput.request_perf_metrics (None unless return_perf_metrics was asked for)."""
+    if metrics is None:
+        return None
+    timing = getattr(metrics, "timing_metrics", None)
+    kv = getattr(metrics, "kv_cache_metrics", None)
+    speculative = getattr(metrics, "speculative_decoding", None)
+    return PerfMetrics(
+        arrival_time_ns=_ns(getattr(timing, "arrival_time", None)),
+        first_scheduled_time_ns=_ns(getattr(timing, "first_scheduled_time", None)),
+        first_token_time_ns=_ns(getattr(timing, "first_token_time", None)),
+        last_token_time_ns=_ns(getattr(timing, "last_token_time", None)),
+        kv_cache_reused_block=int(getattr(kv, "num_reused_blocks", 0) or 0),
+        kv_cache_missed_block=int(getattr(kv, "num_missed_blocks", 0) or 0),
+        kv_cache_alloc_new_blocks=int(getattr(kv, "num_new_allocated_blocks", 0) or 0),
+        kv_cache_alloc_total_blocks=int(getattr(kv, "num_total_allocated_blocks", 0) or 0),
+        kv_cache_hit_rate=float(getattr(kv, "kv_cache_hit_rate", 0.0) or 0.0),
+        acceptance_rate=float(getattr(speculative, "acceptance_rate", 0.0) or 0.0),
+        total_accepted_draft_tokens=int(
+            getattr(speculative, "total_accepted_draft_tokens", 0) or 0
+        ),
+        total_draft_tokens=int(getattr(speculative, "total_draft_tokens", 0) or 0),
+    )
+
+
+def _ns(value: Any) -> int:
+    """A timing as nanoseconds: the bindings give timedeltas (NVIDIA's model converts them with
+    pandas); plain numbers are taken as seconds."""
+    if value is None:
+        return 0
+    if isinstance(value, datetime.timedelta):
+        return value // datetime.timedelta(microseconds=1) * 1000
+    return int(float(value) * 1e9)

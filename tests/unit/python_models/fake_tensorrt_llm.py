@@ -1,0 +1,316 @@
+"""A fake `tensorrt_llm`, built from the documented LLM API (tests/data/llmapi_python_api.json,
+read from TensorRT-LLM 1.2's source), for running our llmapi model's adapter without a GPU.
+
+What it holds to the letter, so that a call the real API would reject fails here too:
+- SamplingParams, GuidedDecodingParams and LoRARequest are keyword-only dataclasses with exactly
+  the documented fields (SamplingParams also its documented private init fields);
+  GuidedDecodingParams takes one guide at most, LoRARequest's __post_init__ checks the path;
+- LLM(...) takes the documented parameters and, as keywords, only documented LLM arguments;
+- generate_async has exactly the documented parameters, and must be called with keywords only
+  (NVIDIA's 1.2 model passed `streaming` positionally into `lora_request`);
+- RequestOutput / CompletionOutput have the documented attributes; a streaming RequestOutput is
+  the same object updated in place at each yield, with `*_diff` properties, `abort()` ends it
+  with finish_reason "cancelled", and a per-request failure raises RequestError on iteration.
+
+Its "model" is scripted: sequence i of a request emits the tokens 100 + 10 * i + step, each
+step's log probs ranked (the token itself at rank 1), text "<id>" per token.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import datetime
+import inspect
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+API = json.loads((Path(__file__).parents[2] / "data" / "llmapi_python_api.json").read_text())
+FAIL_TOKEN = 666  # a prompt holding this id fails while it generates (RequestError)
+
+
+def _default(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None  # "required" or a type name: no literal default
+
+
+def _keyword_dataclass(name: str, fields: dict[str, dict[str, Any]], **namespace: Any) -> type:
+    specs = []
+    for field, spec in fields.items():
+        default = spec.get("default", "None")
+        if default == "required":
+            specs.append((field, Any))
+        else:
+            value = _default(default)
+            specs.append((field, Any, dataclasses.field(default_factory=lambda v=value: v)))
+    return dataclasses.make_dataclass(name, specs, kw_only=True, namespace=namespace)
+
+
+def _guided_post_init(self: Any) -> None:
+    given = [f for f in ("json", "regex", "grammar", "structural_tag") if getattr(self, f)]
+    given += ["json_object"] if self.json_object else []
+    if len(given) > 1:
+        raise ValueError(f"only one guide may be set, got {given}")
+
+
+def _lora_post_init(self: Any) -> None:
+    if not os.path.exists(self.lora_path):
+        raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+
+
+class RequestError(RuntimeError):
+    """tensorrt_llm.executor.utils.RequestError: one request failed."""
+
+
+@dataclasses.dataclass
+class Logprob:
+    logprob: float
+    rank: int | None
+
+
+class CompletionOutput:
+    """Documented attributes; *_diff hold what arrived since the previous yield."""
+
+    def __init__(self, index: int) -> None:
+        for name in API["CompletionOutput"]:
+            if name not in ("length", "text_diff", "token_ids_diff", "logprobs_diff"):
+                setattr(self, name, None)
+        self.index = index
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.logprobs: list[Any] = []
+        self.prompt_logprobs: list[Any] = []
+        self._last_token_ids_len = 0
+        self._last_logprobs_len = 0
+        self._last_text_len = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._last_text_len :]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
+
+    @property
+    def logprobs_diff(self) -> list[Any]:
+        return self.logprobs[self._last_logprobs_len :]
+
+
+class RequestOutput:
+    """One request: updated in place by its generation task, iterated by the caller."""
+
+    def __init__(self, fake: types.ModuleType, prompt_ids: list[int], params: Any) -> None:
+        for name in API["RequestOutput"]:
+            if name not in ("abort", "aborted", "result", "aresult"):
+                setattr(self, name, None)
+        self._fake = fake
+        self.prompt_token_ids = prompt_ids
+        self.sampling_params = params
+        self.outputs = [CompletionOutput(i) for i in range(params.n)]
+        self.finished = False
+        self.cached_tokens = 3
+        self._aborted = False
+        self._queue: asyncio.Queue[None] = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._generate())
+        self._error: BaseException | None = None
+
+    def abort(self) -> None:
+        self._aborted = True
+        self._fake.aborted.append(self)
+
+    def aborted(self) -> bool:
+        return self._aborted
+
+    async def _generate(self) -> None:
+        params = self.sampling_params
+        step = 0
+        while True:
+            await asyncio.sleep(self._fake.step_s)
+            if FAIL_TOKEN in self.prompt_token_ids and step == 2:
+                self._error = RequestError("the executor failed on this request")
+                self._queue.put_nowait(None)
+                return
+            for output in self.outputs:
+                output._last_token_ids_len = len(output.token_ids)
+                output._last_logprobs_len = len(output.logprobs)
+                output._last_text_len = len(output.text)
+                if self._aborted:
+                    output.finish_reason = "cancelled"
+                    continue
+                token = 100 + 10 * output.index + step
+                output.token_ids.append(token)
+                output.text += f"<{token}>" if params.detokenize else ""
+                if params.logprobs is not None:
+                    k = max(params.logprobs, 1)
+                    ranked = {token: Logprob(-0.25, 1)}
+                    ranked |= {token + 1000 + j: Logprob(-1.0 - j, 2 + j) for j in range(k - 1)}
+                    output.logprobs.append(ranked)
+                output.cumulative_logprob = -0.25 * len(output.token_ids)
+                if len(output.token_ids) >= params.max_tokens:
+                    output.finish_reason = "length"
+                if output.finish_reason is not None and params.return_perf_metrics:
+                    output.request_perf_metrics = _perf_metrics()
+            step += 1
+            self.finished = all(o.finish_reason is not None for o in self.outputs)
+            self._queue.put_nowait(None)
+            if self.finished:
+                return
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished and self._queue.empty():
+            raise StopAsyncIteration
+        await self._queue.get()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    async def aresult(self) -> RequestOutput:
+        await self._task
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        raise NotImplementedError("the model calls aresult() on its event loop")
+
+
+def _perf_metrics() -> Any:
+    timing = types.SimpleNamespace(
+        **dict.fromkeys(API["request_perf_metrics"]["timing_metrics"], None)
+    )
+    timing.arrival_time = datetime.timedelta(seconds=1, microseconds=5)
+    timing.first_scheduled_time = datetime.timedelta(seconds=1, microseconds=7)
+    timing.first_token_time = datetime.timedelta(seconds=2)
+    timing.last_token_time = datetime.timedelta(seconds=3)
+    kv = types.SimpleNamespace(**dict.fromkeys(API["request_perf_metrics"]["kv_cache_metrics"], 0))
+    kv.num_reused_blocks, kv.kv_cache_hit_rate = 2, 0.5
+    speculative = types.SimpleNamespace(
+        **dict.fromkeys(API["request_perf_metrics"]["speculative_decoding"], 0)
+    )
+    return types.SimpleNamespace(
+        timing_metrics=timing, kv_cache_metrics=kv, speculative_decoding=speculative
+    )
+
+
+def _signature(names: list[str], first_required: int) -> inspect.Signature:
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for position, name in enumerate(names):
+        if name == "**kwargs":
+            parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+            continue
+        default = inspect.Parameter.empty if position < first_required else None
+        parameters.append(
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+        )
+    return inspect.Signature(parameters)
+
+
+class LLM:
+    """tensorrt_llm.LLM: the documented constructor and generate_async."""
+
+    _init_signature = _signature(API["LLM_init"], 1)
+    _generate_signature = _signature(API["generate_async"], 1)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        bound = self._init_signature.bind(self, *args, **kwargs)
+        extra = bound.arguments.get("kwargs", {})
+        unknown = set(extra) - set(API["llm_args"]) - {"backend"}
+        if unknown:
+            raise ValueError(f"LLM got invalid argument: {sorted(unknown)}")
+        self.args = {k: v for k, v in bound.arguments.items() if k not in ("self", "kwargs")}
+        self.args.update(extra)
+        self.shut_down = False
+        fake.llms.append(self)
+
+    def generate_async(self, *args: Any, **kwargs: Any) -> RequestOutput:
+        if args:
+            raise TypeError(f"generate_async called with {len(args)} positional argument(s)")
+        bound = self._generate_signature.bind(self, **kwargs)
+        if self.shut_down:
+            raise RuntimeError("LLM is shutting down")
+        call = {k: v for k, v in bound.arguments.items() if k != "self"}
+        fake.calls.append(call)
+        inputs = call["inputs"]
+        if isinstance(inputs, dict):
+            prompt_ids = list(inputs["prompt_token_ids"])
+        else:
+            prompt_ids = [ord(c) for c in inputs]  # a text prompt: "tokenized" by the fake
+        params = call.get("sampling_params") or SamplingParams()
+        return RequestOutput(fake, prompt_ids, params)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+SamplingParams = _keyword_dataclass(
+    "SamplingParams",
+    {
+        **API["SamplingParams"],
+        **{k: v for k, v in API["SamplingParams_private"].items() if v.get("init")},
+    },
+)
+GuidedDecodingParams = _keyword_dataclass(
+    "GuidedDecodingParams", API["GuidedDecodingParams"], __post_init__=_guided_post_init
+)
+LoRARequest = _keyword_dataclass("LoRARequest", API["LoRARequest"], __post_init__=_lora_post_init)
+
+
+def _module(name: str, **attributes: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attributes)
+    return module
+
+
+fake = _module(
+    "tensorrt_llm",
+    __version__="1.2.1-fake",
+    LLM=LLM,
+    SamplingParams=SamplingParams,
+    calls=[],
+    llms=[],
+    aborted=[],
+    step_s=0.001,
+)
+MODULES = {
+    "tensorrt_llm": fake,
+    "tensorrt_llm.sampling_params": _module(
+        "tensorrt_llm.sampling_params",
+        SamplingParams=SamplingParams,
+        GuidedDecodingParams=GuidedDecodingParams,
+    ),
+    "tensorrt_llm.executor": _module("tensorrt_llm.executor"),
+    "tensorrt_llm.executor.request": _module(
+        "tensorrt_llm.executor.request", LoRARequest=LoRARequest
+    ),
+    "tensorrt_llm.executor.utils": _module(
+        "tensorrt_llm.executor.utils", RequestError=RequestError
+    ),
+}
+
+
+def install(monkeypatch: Any) -> types.ModuleType:
+    """Put the fake in sys.modules (fresh call records) and return it."""
+    for name, module in MODULES.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(fake, "calls", [])
+    monkeypatch.setattr(fake, "llms", [])
+    monkeypatch.setattr(fake, "aborted", [])
+    monkeypatch.delitem(
+        sys.modules, "tensorrtllm_backend.python_models.llmapi.trtllm", raising=False
+    )
+    return fake

@@ -1,0 +1,295 @@
+"""Our llmapi model over `tensorrt_llm`, without installing it: the model's request handling
+(python_models/llmapi/model.py and its adapter, trtllm.py) runs against a fake `tensorrt_llm`
+built from the documented API (fake_tensorrt_llm.py), whose classes accept exactly the
+documented keywords: any keyword we pass that the contract lacks fails these tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import fake_tensorrt_llm
+import pytest
+from llmapi_harness import (
+    model_module,
+    start_model,
+    text_request,
+    token_request,
+    wait_for,
+    write_version_dir,
+)
+
+MODEL_YAML = {
+    "model": "/models/llama",
+    "backend": "pytorch",
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+    "guided_decoding_backend": "xgrammar",
+    "kv_cache_config": {"free_gpu_memory_fraction": 0.8},
+    "triton_config": {"max_batch_size": 0, "decoupled": True},
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRTLLM_LLMAPI_IMPL", "tensorrt_llm")
+    return fake_tensorrt_llm.install(monkeypatch)
+
+
+def serve(monkeypatch, tmp_path: Path, **model_yaml):
+    module = model_module(monkeypatch)
+    settings = {**MODEL_YAML, **model_yaml}
+    return start_model(module, write_version_dir(tmp_path, settings))
+
+
+@pytest.fixture
+def model(fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    started = serve(monkeypatch, tmp_path)
+    yield started
+    started.finalize()
+
+
+def sampling_params(fake) -> dict:
+    """The SamplingParams of the last call, as the fields set to other than their default."""
+    params = fake.calls[-1]["sampling_params"]
+    defaults = type(params)()
+    return {
+        f.name: getattr(params, f.name)
+        for f in dataclasses.fields(params)
+        if getattr(params, f.name) != getattr(defaults, f.name)
+    }
+
+
+def test_one_llm_is_built_from_model_yaml(model, fake) -> None:
+    (llm,) = fake.llms
+    assert llm.args["model"] == "/models/llama"
+    assert llm.args["kv_cache_config"] == {"free_gpu_memory_fraction": 0.8}
+    assert llm.args["guided_decoding_backend"] == "xgrammar"
+    assert "triton_config" not in llm.args
+
+
+def test_an_unknown_llm_argument_fails_the_load(fake, monkeypatch, tmp_path) -> None:
+    with pytest.raises(ValueError, match="invalid argument"):
+        serve(monkeypatch, tmp_path, no_such_argument=1)
+
+
+def test_token_ids_stream_as_deltas_one_response_per_yield(model, fake) -> None:
+    request = token_request([1, 5, 9], streaming=True, sampling_param_max_tokens=4,
+                            return_finish_reason=True,
+                            sampling_param_exclude_input_from_output=True)  # fmt: skip
+    model.execute([request])
+    responses = request.wait()
+    assert [r["output_ids"] for r in responses] == [[100], [101], [102], [103]]
+    assert [r["finish_reason"] for r in responses] == [["None"]] * 3 + [["length"]]
+    assert responses[-1]["cached_tokens"] == [3]
+    assert all(r["sequence_index"] == [0] for r in responses)
+    (call,) = fake.calls
+    assert call["inputs"] == {"prompt_token_ids": [1, 5, 9]}
+    assert call["streaming"] is True and call["lora_request"] is None
+    assert sampling_params(fake) == {"max_tokens": 4, "detokenize": False}
+    assert call["sampling_params"].exclude_input_from_output is True
+    # As NVIDIA's tensor (and the C++ backend's) says by default: the prompt comes first.
+    echoed = token_request([1, 5, 9], streaming=True, sampling_param_max_tokens=2)
+    model.execute([echoed])
+    assert [r["output_ids"] for r in echoed.wait()] == [[1, 5, 9, 100], [101]]
+
+
+def test_nvidias_request_gets_nvidias_text_so_far(model, fake) -> None:
+    request = text_request(
+        "Hi", streaming=True, sampling_param_max_tokens=3, sampling_param_temperature=0.5,
+        sampling_param_stop=["x", "y"], return_finish_reason=True, return_stop_reason=True,
+        sampling_param_exclude_input_from_output=False,
+    )  # fmt: skip
+    model.execute([request])
+    responses = request.wait()
+    assert [r["text_output"] for r in responses] == [
+        ["Hi<100>"],
+        ["Hi<100><101>"],
+        ["Hi<100><101><102>"],
+    ]
+    assert [r["finish_reason"] for r in responses] == [["None"], ["None"], ["length"]]
+    assert responses[-1]["stop_reason"] == ["None"]
+    assert fake.calls[-1]["inputs"] == "Hi"
+    sent = sampling_params(fake)
+    assert sent["temperature"] == pytest.approx(0.5) and sent["stop"] == ["x", "y"]
+    # The model prepends the prompt itself.
+    assert fake.calls[-1]["sampling_params"].exclude_input_from_output is True
+
+
+def test_non_streaming_requests_get_one_response(model) -> None:
+    text = text_request(
+        "Hi", sampling_param_max_tokens=2, sampling_param_exclude_input_from_output=True
+    )
+    ids = token_request(
+        [4], sampling_param_max_tokens=3, sampling_param_exclude_input_from_output=True
+    )
+    model.execute([text, ids])
+    assert text.wait() == [{"text_output": ["<100><101>"], "cached_tokens": [3]}]
+    assert [r["output_ids"] for r in ids.wait()] == [[100, 101, 102]]
+
+
+def test_several_sequences_answer_by_sequence_index(model, fake) -> None:
+    request = token_request([4], streaming=True, sampling_param_max_tokens=2, sampling_param_n=2,
+                            sampling_param_exclude_input_from_output=True)  # fmt: skip
+    model.execute([request])
+    responses = request.wait()
+    by_index: dict[int, list[int]] = {}
+    for response in responses:
+        by_index.setdefault(response["sequence_index"][0], []).extend(response["output_ids"])
+    assert by_index == {0: [100, 101], 1: [110, 111]}
+    assert sampling_params(fake)["n"] == 2
+    text = text_request("Hi", sampling_param_max_tokens=1, sampling_param_n=2,
+                        sampling_param_exclude_input_from_output=True)  # fmt: skip
+    model.execute([text])
+    assert text.wait()[-1]["text_output"] == ["<100>", "<110>"]  # NVIDIA's: one per output
+
+
+def test_log_probs_and_their_alternatives_come_from_the_ranked_entries(model, fake) -> None:
+    request = token_request([4], streaming=True, sampling_param_max_tokens=2,
+                            sampling_param_logprobs=3)  # fmt: skip
+    model.execute([request])
+    first, second = request.wait()
+    assert sampling_params(fake)["logprobs"] == 3
+    assert first["output_log_probs"] == [-0.25]
+    assert first["output_top_token_ids"] == [[100, 1100, 1101]]
+    assert first["output_top_log_probs"] == [[-0.25, -1.0, -2.0]]
+    assert second["output_top_token_ids"] == [[101, 1101, 1102]]
+    chosen = token_request([4], sampling_param_max_tokens=1, sampling_param_logprobs=0)
+    model.execute([chosen])
+    (only,) = chosen.wait()
+    assert only["output_log_probs"] == [-0.25] and "output_top_token_ids" not in only
+    assert sampling_params(fake)["logprobs"] == 1  # the chosen token's: the top 1
+
+
+def test_guides_map_to_guided_decoding_params(model, fake) -> None:
+    cases = [
+        ("json", None, {"json_object": True}),
+        ("json_schema", '{"type": "object"}', {"json": '{"type": "object"}'}),
+        ("regex", "[a-z]+", {"regex": "[a-z]+"}),
+        ("ebnf_grammar", 'root ::= "a"', {"grammar": 'root ::= "a"'}),
+        ("structural_tag", '{"type": "structural_tag"}', {"structural_tag": '{"type": "structural_tag"}'}),
+    ]  # fmt: skip
+    for kind, guide, expected in cases:
+        extra = {"guided_decoding_guide": guide} if guide is not None else {}
+        request = token_request([4], sampling_param_max_tokens=1,
+                                guided_decoding_guide_type=kind, **extra)  # fmt: skip
+        model.execute([request])
+        assert request.error() is None
+        params = sampling_params(fake)["guided_decoding"]
+        assert {k: v for k, v in dataclasses.asdict(params).items() if v} == expected
+
+
+def test_without_a_guided_decoding_backend_guides_are_refused(fake, monkeypatch, tmp_path) -> None:
+    model = serve(monkeypatch, tmp_path, guided_decoding_backend=None)
+    try:
+        request = token_request([4], guided_decoding_guide_type="json")
+        model.execute([request])
+        assert "guided_decoding_backend" in request.error()
+        assert fake.calls == []  # the LLM API would have dropped the guide without a word
+    finally:
+        model.finalize()
+
+
+def test_a_cancelled_request_is_aborted(model, fake) -> None:
+    request = token_request([4], streaming=True, sampling_param_max_tokens=100_000)
+    fake.step_s = 0.01
+    try:
+        model.execute([request])
+        wait_for(lambda: len(request.sender.responses) >= 2)
+        request.sender.cancel()
+        wait_for(lambda: len(fake.aborted) == 1)
+        output = fake.aborted[0]
+        wait_for(lambda: output.finished)
+        assert {o.finish_reason for o in output.outputs} == {"cancelled"}
+    finally:
+        fake.step_s = 0.001
+
+
+def test_stop_aborts_the_requests_with_its_id(model, fake) -> None:
+    fake.step_s = 0.01
+    try:
+        running = token_request([4], "abc", streaming=True, sampling_param_max_tokens=100_000,
+                                return_finish_reason=True)  # fmt: skip
+        model.execute([running])
+        wait_for(lambda: len(running.sender.responses) >= 1)
+        stop = token_request([4], "abc", stop=True)
+        model.execute([stop])
+        assert stop.wait() == [] and stop.sender.flags_only == 1
+        assert running.wait()[-1]["finish_reason"] == ["cancelled"]
+        assert len(fake.aborted) == 1
+    finally:
+        fake.step_s = 0.001
+
+
+def test_a_request_error_is_that_requests_error(model) -> None:
+    failing = token_request([fake_tensorrt_llm.FAIL_TOKEN], streaming=True,
+                            sampling_param_max_tokens=10)  # fmt: skip
+    model.execute([failing])
+    assert "the executor failed on this request" in failing.error()
+    healthy = token_request([4], sampling_param_max_tokens=2,
+                            sampling_param_exclude_input_from_output=True)  # fmt: skip
+    model.execute([healthy])
+    assert healthy.wait()[0]["output_ids"] == [100, 101]  # the model lives on
+
+
+def test_sampling_params_own_validation_is_the_requests_error(model, fake) -> None:
+    request = token_request([4], sampling_param_n=2, sampling_param_best_of=1)
+    model.execute([request])
+    assert "best_of" in request.error()
+    assert fake.calls == []
+
+
+def test_a_lora_adapter_goes_as_a_lora_request(model, fake, tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    request = token_request([4], sampling_param_max_tokens=1, lora_id=7, lora_name="a",
+                            lora_path=str(adapter))  # fmt: skip
+    model.execute([request])
+    assert request.error() is None
+    lora = fake.calls[-1]["lora_request"]
+    assert (lora.lora_name, lora.lora_int_id, lora.lora_path, lora.lora_ckpt_source) == (
+        "a",
+        7,
+        str(adapter),
+        "hf",
+    )
+    missing = token_request([4], lora_id=8, lora_name="b", lora_path=str(tmp_path / "nope"))
+    model.execute([missing])
+    assert "does not exist" in missing.error()
+    partial = token_request([4], lora_name="b")
+    model.execute([partial])
+    assert "go together" in partial.error()
+
+
+def test_an_end_id_beside_stop_strings_becomes_a_stop_token(model, fake) -> None:
+    """The LLM API tokenizes stop strings only while end_id is unset."""
+    request = token_request([4], sampling_param_max_tokens=1, sampling_param_end_id=9,
+                            sampling_param_stop=["END"], sampling_param_bad=["no"],
+                            sampling_param_stop_token_ids=[3])  # fmt: skip
+    model.execute([request])
+    assert request.error() is None
+    sent = sampling_params(fake)
+    assert "end_id" not in sent and sent["stop_token_ids"] == [3, 9]
+    assert sent["stop"] == ["END"] and sent["bad"] == ["no"]
+    plain = token_request([4], sampling_param_max_tokens=1, sampling_param_end_id=9,
+                          sampling_param_ignore_eos=True, sampling_param_min_tokens=1)  # fmt: skip
+    model.execute([plain])
+    plain.wait()
+    sent = sampling_params(fake)
+    assert sent["end_id"] == 9 and sent["ignore_eos"] is True and sent["min_tokens"] == 1
+
+
+def test_perf_metrics_come_back_as_nvidias_outputs(model, fake) -> None:
+    request = token_request([4], sampling_param_max_tokens=1,
+                            sampling_param_return_perf_metrics=True)  # fmt: skip
+    model.execute([request])
+    (response,) = request.wait()
+    assert response["arrival_time_ns"] == [1_000_005_000]
+    assert response["first_token_time_ns"] == [2_000_000_000]
+    assert response["kv_cache_reused_block"] == [2] and response["kv_cache_hit_rate"] == [0.5]
+
+
+def test_finalize_shuts_the_llm_down(fake, monkeypatch, tmp_path) -> None:
+    model = serve(monkeypatch, tmp_path)
+    model.finalize()
+    assert fake.llms[0].shut_down
