@@ -1,14 +1,20 @@
 """StubWatch against real processes: copies of `sleep` named like the Python backend's stub,
-started by this test process the way tritonserver starts its stubs."""
+started by a stand-in for tritonserver the way tritonserver starts its stubs.
+
+The watch looks at one process's descendants. Not at pytest's: a session-scoped server of the
+integration tests runs real stubs under pytest, and they would count too."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,20 +43,71 @@ def model_stub(tmp_path: Path) -> tuple[Path, Path]:
     return binary, model
 
 
+# Starts children on request and leaves them unreaped until told, as tritonserver leaves a dead
+# stub a zombie until it looks.
+_PARENT = """
+import json, subprocess, sys
+children = {}
+for line in sys.stdin:
+    verb, argument = json.loads(line)
+    if verb == "start":
+        child = subprocess.Popen(argument)
+        children[child.pid] = child
+        print(child.pid, flush=True)
+    else:
+        children.pop(argument).wait()
+        print("reaped", flush=True)
+"""
+
+
+class FakeTritonserver:
+    """The parent of the stubs under test, in a process group of its own."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _PARENT],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _ask(self, verb: str, argument: object) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps([verb, argument]) + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def start(self, *command: str) -> Child:
+        return Child(self, int(self._ask("start", list(command))))
+
+    def reap(self, pid: int) -> None:
+        assert self._ask("reap", pid) == "reaped"
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+@dataclass(frozen=True)
+class Child:
+    server: FakeTritonserver
+    pid: int
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> None:
+        self.server.reap(self.pid)
+
+
 @pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        with contextlib.suppress(ProcessLookupError):  # also what a killed shell left running
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def start(processes: list[subprocess.Popen[bytes]], *command: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(command, start_new_session=True)
-    processes.append(process)
-    return process
+def server() -> Iterator[FakeTritonserver]:
+    parent = FakeTritonserver()
+    yield parent
+    parent.close()
 
 
 def state_of(pid: int) -> str:
@@ -72,14 +129,16 @@ def gone_or_zombie(pid: int) -> bool:
         return True
 
 
-def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: list) -> None:
-    stub = start(processes, str(stub_binary), "60")
-    other = start(processes, "sleep", "60")
+def test_stubs_are_found_among_descendants_only(
+    stub_binary: Path, server: FakeTritonserver
+) -> None:
+    stub = server.start(str(stub_binary), "60")
+    other = server.start("sleep", "60")
     # a grandchild, as under mpirun: bash runs the stub and waits for it
-    shell = start(processes, "bash", "-c", f"{stub_binary} 60 & wait")
+    shell = server.start("bash", "-c", f"{stub_binary} 60 & wait")
 
     def both() -> dict[int, bool]:
-        found = python_stubs(os.getpid())
+        found = python_stubs(server.pid)
         return found if len(found) >= 2 else {}
 
     found = wait_for(both, 30, 0.01)
@@ -91,11 +150,11 @@ def test_stubs_are_found_among_descendants_only(stub_binary: Path, processes: li
 
 @pytest.mark.parametrize("rescan_every", [1, 30])
 def test_a_dead_stub_is_reported_once(
-    stub_binary: Path, model_stub: tuple[Path, Path], processes: list, rescan_every: int
+    stub_binary: Path, model_stub: tuple[Path, Path], server: FakeTritonserver, rescan_every: int
 ) -> None:
-    first = start(processes, *map(str, model_stub))
-    second = start(processes, str(stub_binary), "60")
-    watch = StubWatch(os.getpid(), rescan_every=rescan_every)
+    first = server.start(*map(str, model_stub))
+    second = server.start(str(stub_binary), "60")
+    watch = StubWatch(server.pid, rescan_every=rescan_every)
     assert watch.dead() == []
 
     first.kill()
@@ -109,7 +168,7 @@ def test_a_dead_stub_is_reported_once(
     assert watch.dead() == []
 
 
-def test_children_of_a_stub_are_not_stubs(tmp_path: Path, processes: list) -> None:
+def test_children_of_a_stub_are_not_stubs(tmp_path: Path, server: FakeTritonserver) -> None:
     """A model that forks (multiprocessing; a subprocess before its exec) has children named like
     its stub: their exit is the model's business, not a dead stub. A copy of bash named like the
     stub runs a subshell, itself a copy of bash with the stub's name, that the test then kills."""
@@ -120,25 +179,27 @@ def test_children_of_a_stub_are_not_stubs(tmp_path: Path, processes: list) -> No
     script.write_text(
         f"(echo $BASHPID > {child_pid}.tmp; mv {child_pid}.tmp {child_pid}; sleep 60; :) &\nsleep 60\n"
     )
-    stub = start(processes, str(binary), str(script))
+    stub = server.start(str(binary), str(script))
     assert wait_for(child_pid.exists, 30), "the stub did not start its subshell"
     child = int(child_pid.read_text())
     assert state_of(child) != "Z" and comm_of(child) == STUB_COMM
 
-    watch = StubWatch(os.getpid(), rescan_every=1)
-    assert sorted(python_stubs(os.getpid())) == [stub.pid]
+    watch = StubWatch(server.pid, rescan_every=1)
+    assert sorted(python_stubs(server.pid)) == [stub.pid]
     assert watch.dead() == []
     os.kill(child, signal.SIGKILL)
     assert wait_for(lambda: gone_or_zombie(child), 30), "the subshell did not die"
     assert watch.dead() == []
-    assert python_stubs(os.getpid()) == {stub.pid: True}
+    assert python_stubs(server.pid) == {stub.pid: True}
 
 
-def test_a_stub_dead_before_the_first_look_is_reported(stub_binary: Path, processes: list) -> None:
-    stub = start(processes, str(stub_binary), "60")
+def test_a_stub_dead_before_the_first_look_is_reported(
+    stub_binary: Path, server: FakeTritonserver
+) -> None:
+    stub = server.start(str(stub_binary), "60")
     stub.kill()
     wait_zombie(stub.pid)
-    assert StubWatch(os.getpid()).dead() == [f"? (pid {stub.pid})"]
+    assert StubWatch(server.pid).dead() == [f"? (pid {stub.pid})"]
 
 
 def test_without_proc_there_is_nothing_to_watch(tmp_path: Path) -> None:
