@@ -31,6 +31,9 @@ from ..settings import Settings, load_settings
 from .apis import API, api_for
 from .errors import ErrorAnswer, render
 
+# nginx's status for a request its client closed before the answer: what the access log shows.
+CLIENT_CLOSED = 499
+
 
 class GuardMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings | None = None) -> None:
@@ -137,7 +140,7 @@ async def _run_while_connected(
     of the response). One watcher waits for it; the API's own `receive` calls, after the body,
     get the same message, so Starlette's disconnect listener keeps working.
     """
-    complete = False
+    started = complete = False
     ended: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
     async def replay() -> Message:
@@ -146,8 +149,10 @@ async def _run_while_connected(
         return await asyncio.shield(ended)
 
     async def send_watched(message: Message) -> None:
-        nonlocal complete
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
+        nonlocal started, complete
+        if message["type"] == "http.response.start":
+            started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
             complete = True
         await send(message)
 
@@ -175,3 +180,9 @@ async def _run_while_connected(
             raise
     finally:
         watcher.cancel()
+    if gone and not started:
+        # The request still ends with an answer (the server drops it: the client is gone), so
+        # that the middlewares outside see it answered: BentoML's timeout middleware otherwise
+        # holds the request until its timeout (10 minutes), and a stopping server waits for it.
+        await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
