@@ -43,7 +43,7 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
-from tensorrtllm_backend.serving.parent_watch import follow_parent
+from tensorrtllm_backend.serving.parent_watch import follow_parent, on_stop_signal
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.runtime import LLMRuntime
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
@@ -99,6 +99,7 @@ class TRTLLM:
     @bentoml.on_startup
     async def _start_triton(self) -> None:
         follow_parent()  # a worker outlives a killed `bentoml serve` otherwise
+        on_stop_signal(self.runtime.wind_down)
         try:
             await self.runtime.start()
         except TritonSetupError as error:

@@ -1,4 +1,5 @@
-"""A BentoML worker follows its arbiter: when `bentoml serve` dies, the worker shuts down.
+"""A BentoML worker follows its arbiter: when `bentoml serve` dies, the worker shuts down; and
+the worker learns at once when it is told to stop (:func:`on_stop_signal`).
 
 BentoML starts each worker in a session of its own, so a SIGKILL of `bentoml serve`, or of its
 process group, does not reach the workers: re-parented to init, each would keep the listening
@@ -23,7 +24,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 logger = logging.getLogger(__name__)
 
@@ -98,3 +101,28 @@ def follow_parent() -> ParentWatch:
     if _watch is None:
         _watch = ParentWatch().start()
     return _watch
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def on_stop_signal(callback: Callable[[], None]) -> None:
+    """Run `callback` first whenever this worker gets SIGTERM or SIGINT, then the handler that
+    was there (uvicorn's, which starts the graceful shutdown). Call it from the main thread
+    while the server runs; `callback` runs in a signal handler, so it must be quick (set a flag).
+
+    The service's shutdown hooks run only once the server has drained its requests, seconds or
+    minutes later; what must change as soon as the stop begins cannot wait for them.
+    """
+    for sig in STOP_SIGNALS:
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: FrameType | None, previous: object = previous) -> None:
+            callback()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:  # nobody handled it: do what it would have done
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(sig, handler)

@@ -106,6 +106,7 @@ class LLMRuntime:
         self._generator: Generator | None = None
         self._readiness: Readiness | None = None
         self._run_dir: Path | None = None
+        self._winding_down = False
         self._watchdog: asyncio.Task[None] | None = None
 
     @property
@@ -144,6 +145,8 @@ class LLMRuntime:
             if settings.workers > 1
             else TritonSupervisor(config)
         )
+        if self._winding_down:  # told to stop while starting
+            triton.wind_down()
         # transformers' import and the tokenizer's load (~3 s) overlap tritonserver's start.
         tokenizer_loading = asyncio.ensure_future(
             asyncio.to_thread(load_tokenizer, self.model_root / TOKENIZER)
@@ -269,6 +272,13 @@ class LLMRuntime:
         if self.route in (Route.DIRECT, Route.LLMAPI):
             return (ROUTE_MODELS[self.route],)
         return ()
+
+    def wind_down(self) -> None:
+        """The worker was told to stop: tritonserver is not restarted from now on, whatever
+        stops it (see TritonSupervisor.wind_down). Safe from a signal handler."""
+        self._winding_down = True
+        if self.triton is not None:
+            self.triton.wind_down()
 
     def not_ready_reason(self) -> str | None:
         """None when this replica can serve; else what /readyz's 503 says. No I/O: it answers

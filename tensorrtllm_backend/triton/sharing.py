@@ -83,6 +83,7 @@ class SharedTriton(TritonEndpoints):
         self.supervisor: TritonSupervisor | None = None  # while this worker runs tritonserver
         self._lock_file: int | None = None
         self._stopping = threading.Event()
+        self._winding_down = threading.Event()
         self._guard = threading.Lock()  # takeover vs stop
         self._starting: TritonSupervisor | None = None
         self._takeover: threading.Thread | None = None
@@ -140,8 +141,17 @@ class SharedTriton(TritonEndpoints):
             time.sleep(0.2)
         raise TritonStartupError("stopped while waiting for tritonserver")
 
+    def wind_down(self) -> None:
+        """The service is going down: no restart and no takeover from now on (see
+        TritonSupervisor.wind_down)."""
+        self._winding_down.set()
+        if self.supervisor is not None:
+            self.supervisor.wind_down()
+
     def restart(self, reason: str) -> None:
         """Kill a wedged tritonserver; its owner's supervisor starts a new one."""
+        if self._winding_down.is_set():
+            return
         if self.supervisor is not None:
             self.supervisor.restart(reason)
             return
@@ -209,6 +219,8 @@ class SharedTriton(TritonEndpoints):
 
     def _watch_owner(self) -> None:
         while not self._stopping.wait(self.takeover_poll_s):
+            if self._winding_down.is_set():
+                return  # the other workers are stopping too: nothing to take over
             try:
                 if self._try_own():
                     logger.warning(

@@ -99,6 +99,7 @@ class TritonSupervisor(TritonEndpoints):
         self._ready_event = threading.Event()
         self._start_done = threading.Event()
         self._stop_event = threading.Event()
+        self._winding_down = threading.Event()
         self._startup_error: BaseException | None = None
         self._run: _Run | None = None
         self._thread: threading.Thread | None = None
@@ -187,11 +188,19 @@ class TritonSupervisor(TritonEndpoints):
             self._terminate(self._run, timeout_s)
         self._set_state(ServerState.STOPPED)
 
+    def wind_down(self) -> None:
+        """The service is going down (its worker was told to stop): from now on a tritonserver
+        that stops is not restarted. `bentoml serve` sends its stop signal to the worker's
+        children too, tritonserver among them, which then unloads its models and exits while the
+        worker still drains its requests; without this, the supervisor would take that for a
+        crash and start tritonserver again in the middle of the shutdown."""
+        self._winding_down.set()
+
     def restart(self, reason: str) -> None:
         """Kill a tritonserver that is alive but not working; the watch loop starts a new one
         (or reports FAILED when restarts are off)."""
         run = self._run
-        if run is None or run.process.poll() is not None:
+        if run is None or run.process.poll() is not None or self._winding_down.is_set():
             return
         logger.error("restarting tritonserver: %s", reason)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -237,6 +246,11 @@ class TritonSupervisor(TritonEndpoints):
                     self._restart_if_a_stub_died(run)
                 continue
             code = run.process.returncode
+            if self._winding_down.is_set():
+                logger.info("tritonserver stopped (code %s) while the service stops", code)
+                self._terminate(run, 2.0)
+                self._set_state(ServerState.STOPPED)
+                return
             logger.error(
                 "tritonserver exited unexpectedly (code %s); last log lines:\n%s",
                 code,
@@ -269,8 +283,8 @@ class TritonSupervisor(TritonEndpoints):
                     backoff = min(backoff * 2, self.config.max_restart_backoff_s)
 
     def _restart_if_a_stub_died(self, run: _Run) -> None:
-        if not self._check_stubs:
-            return
+        if not self._check_stubs or self._winding_down.is_set():
+            return  # a stopping tritonserver ends its stubs first
         if self._stubs is None or self._stubs.root_pid != run.process.pid:
             self._stubs = StubWatch(run.process.pid)
         try:

@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.conftest import engine_counters, pack, stop_and_reap
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from conftest import BentoServer  # tests/integration/conftest.py
@@ -260,3 +262,21 @@ def test_a_client_that_leaves_cancels_its_request(waiting_server, path, body, ch
     assert cancelled == before + 1, "the engine did not report the request cancelled"
     counters = engine_counters(metrics_port)
     assert counters["trtllm_cpu_engine_active_requests"] == 0
+
+
+def test_a_server_whose_clients_left_stops_at_once(waiting_server) -> None:
+    """Runs last in this module: it stops the module's server. After clients that left (the
+    tests above, and one more here before its first token), SIGTERM of `bentoml serve` ends it
+    within seconds: no request of a departed client is still held open, and tritonserver, which
+    gets the same signal from BentoML's process manager, is not restarted on the way out."""
+    server, _ = waiting_server
+    leave_after(server.url, "/generate_text", LONG, 0, lambda: in_flight(server) >= 1)
+    assert wait_for(lambda: in_flight(server) == 0, 5)
+    tritons = server.tritons()
+    started = time.monotonic()
+    server.stop(timeout=20)
+    assert server.process.returncode is not None
+    assert time.monotonic() - started < 20, "bentoml serve did not stop after SIGTERM"
+    assert psutil.wait_procs(tritons, timeout=10)[1] == []
+    log = server.log()
+    assert "exited unexpectedly" not in log and "restarting tritonserver" not in log, log[-3000:]

@@ -233,6 +233,34 @@ def test_killed_tritonserver_is_restarted_on_the_same_ports(
 
 
 @pytest.mark.integration
+def test_a_winding_down_service_does_not_restart_tritonserver(
+    echo_repository: Path, tmp_path: Path
+) -> None:
+    """`bentoml serve` sends its stop signal to the worker's children too: tritonserver stops
+    while the worker drains its requests. That is the shutdown, not a crash to recover from."""
+    states: list[ServerState] = []
+    config = TritonServerConfig(
+        model_repository=echo_repository, startup_timeout_s=60, log_dir=tmp_path
+    )
+    supervisor = TritonSupervisor(config, on_state_change=states.append)
+    supervisor.start()
+    started = process_tree(supervisor.pid)
+    try:
+        assert len(started) >= 2  # tritonserver + the echo model's stub
+        supervisor.wind_down()
+        supervisor.restart("a request for a restart while stopping is ignored")
+        assert supervisor.is_ready()
+        os.kill(supervisor.pid, signal.SIGTERM)  # as the arbiter sends it
+        assert wait_for(lambda: supervisor.state is ServerState.STOPPED, 30), supervisor.state
+        assert supervisor.restarts == 0
+        assert ServerState.RESTARTING not in states
+        assert wait_gone(started, 10) == []
+    finally:
+        supervisor.stop()
+        kill_all(started)
+
+
+@pytest.mark.integration
 def test_stop_leaves_no_process(supervisor: TritonSupervisor) -> None:
     started = process_tree(supervisor.pid)
     assert len(started) >= 2  # tritonserver + the echo model's stub

@@ -129,3 +129,24 @@ def test_the_death_signal_is_asked_for_only_from_the_main_thread() -> None:
     assert results == [False]
     # From the main thread it is granted (signal 0 clears it again: pytest's own setting).
     assert request_parent_death_signal(0) is True
+
+
+STOP_SIGNAL_CHILD = """
+import os, signal, sys
+from tensorrtllm_backend.serving.parent_watch import on_stop_signal
+
+calls = []
+signal.signal(signal.SIGTERM, lambda signum, frame: calls.append("previous"))
+on_stop_signal(lambda: calls.append("callback"))
+os.kill(os.getpid(), signal.SIGTERM)
+print(",".join(calls), flush=True)
+"""
+
+
+def test_a_stop_signal_reaches_the_callback_before_the_previous_handler() -> None:
+    """What the service learns the moment its worker is told to stop (uvicorn's handler stays)."""
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_SIGNAL_CHILD],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "callback,previous"
