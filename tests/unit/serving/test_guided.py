@@ -63,6 +63,27 @@ def test_guides_refused_before_compiling(guided: GuidedDecoding, message: str) -
 
 
 @pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        # the draft the schema names: draft 4's exclusiveMaximum is a boolean, 2020-12's a number
+        ({"$schema": "http://json-schema.org/draft-04/schema#", "exclusiveMaximum": 3}, "boolean"),
+        ({"exclusiveMaximum": True}, "number"),
+        ({"properties": {"a": {"minimum": "x"}}}, r"number.*\(at /properties/a/minimum\)"),
+        # an unknown $schema is checked as 2020-12, never fetched (the host does not exist)
+        ({"$schema": "http://schemas.invalid/x", "type": "objekt"}, "not valid under any"),
+    ],
+)
+def test_schemas_are_checked_by_their_drafts_meta_schema(schema: dict, message: str) -> None:
+    with pytest.raises(GuideError, match=f"not a valid JSON Schema: .*{message}"):
+        check_guide_text(GuidedDecoding(type="json_schema", guide=json.dumps(schema)))
+
+
+def test_a_valid_schema_naming_an_unknown_draft_passes() -> None:
+    schema = {"$schema": "http://schemas.invalid/x", "type": "object"}
+    check_guide_text(GuidedDecoding(type="json_schema", guide=json.dumps(schema)))
+
+
+@pytest.mark.parametrize(
     ("guided", "message"),
     [
         (
