@@ -166,17 +166,21 @@ class Processes:
 
     def pack_synthetic(
         self, name: str, *, itl_ms: float, max_batch_size: int, max_tokens: int,
-        ttft_ms: float = 0.0, workflow: str = "engine",
+        ttft_ms: float = 0.0, workflow: str = "engine", stream_interval: int = 1,
     ) -> PackedModel:  # fmt: skip
         """A synthetic-engine model for one ITL, with room for max_tokens after any prompt of
-        the benchmark's workload; `workflow` llmapi: the same engine behind the llmapi model."""
+        the benchmark's workload; `workflow` llmapi: the same engine behind the llmapi model;
+        `stream_interval`: tokens per streamed engine response after the first."""
+        interval = ["--fill", f"stream_interval={stream_interval}"] if stream_interval > 1 else []
+        if interval and workflow == "llmapi":
+            interval = ["--llm-arg", f"stream_interval={stream_interval}"]
+        suffix = f"-si{stream_interval}" if interval else ""
         return self.pack(
             "--synthetic", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
             "--max-batch-size", str(max_batch_size),
-            "--max-seq-len", str(max(2048, max_tokens + 1100)), "--workflow", workflow,
-            name=f"{name}{'' if workflow == 'engine' else '-' + workflow}-itl{itl_ms:g}".replace(
-                ".", "p"
-            ),
+            "--max-seq-len", str(max(2048, max_tokens + 1100)), "--workflow", workflow, *interval,
+            name=f"{name}{'' if workflow == 'engine' else '-' + workflow}-itl{itl_ms:g}{suffix}"
+            .replace(".", "p"),
         )  # fmt: skip
 
     # -- tritonserver through the project's supervisor -------------------------------------------

@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cells", default="20:128,5:512", help="cells: stream_bench.py --cells")
     add("--cells-workers", type=_ints, default=[1, 4], help="cells: service worker counts")
     add("--cells-requests", type=int, default=512, help="cells: requests per target")
+    add(
+        "--cells-engine-stream-intervals",
+        type=_ints,
+        default=[1],
+        help="cells: the synthetic engine's tokens per streamed response, one run each",
+    )
     add("--demo-size", default="1b", help="demo: pack_model --demo-size")
     add("--demo-concurrency", type=int, default=64)
     add("--demo-requests", type=int, default=256)
@@ -243,17 +249,20 @@ def _subprocess(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
 
 def phase_cells(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for workers in args.cells_workers:
-        path = work / f"cells-w{workers}.json"
-        code = _subprocess(
-            ["benchmarks/stream_bench.py", "--cells", args.cells,
-             "--targets", "grpc_direct,native,openai", "--requests", str(args.cells_requests),
-             "--rounds", "2", "--workers", str(workers), "--no-cold-start", "--json", str(path)],
-            {ENGINE_INSTANCES_ENV: str(args.engine_instances)}, 480,
-        )  # fmt: skip
-        results[f"workers={workers}"] = (
-            json.loads(path.read_text()) if path.is_file() else {"rc": code}
-        )
+    for interval in args.cells_engine_stream_intervals:
+        for workers in args.cells_workers:
+            key = f"workers={workers}" + (
+                f",engine_stream_interval={interval}" if interval > 1 else ""
+            )
+            path = work / f"cells-w{workers}-si{interval}.json"
+            code = _subprocess(
+                ["benchmarks/stream_bench.py", "--cells", args.cells,
+                 "--targets", "grpc_direct,native,openai", "--requests", str(args.cells_requests),
+                 "--rounds", "2", "--workers", str(workers), "--no-cold-start",
+                 "--engine-stream-interval", str(interval), "--json", str(path)],
+                {ENGINE_INSTANCES_ENV: str(args.engine_instances)}, 480,
+            )  # fmt: skip
+            results[key] = json.loads(path.read_text()) if path.is_file() else {"rc": code}
     return results
 
 

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="pieces per streamed HTTP message after the first "
                         "(TRTLLM_STREAM_INTERVAL)")  # fmt: skip
+    parser.add_argument("--engine-stream-interval", type=int, default=1,
+                        help="tokens per streamed response of the synthetic engine after the "
+                        "first (pack_model --fill stream_interval=N; llmapi: --llm-arg)")  # fmt: skip
     parser.add_argument("--url", help="measure a running deployment (native + openai only)")
     parser.add_argument("--model", help="--url: OpenAI model name (default: from /v1/models)")
     parser.add_argument(
@@ -371,7 +374,7 @@ def run_local(run: Run, procs: Processes) -> None:
         print(f"-- synthetic engine: ttft {args.ttft_ms:g} ms, itl {itl:g} ms", flush=True)
         model = procs.pack_synthetic(
             "bench-synthetic", itl_ms=itl, max_batch_size=max_batch, max_tokens=args.max_tokens,
-            ttft_ms=args.ttft_ms,
+            ttft_ms=args.ttft_ms, stream_interval=args.engine_stream_interval,
         )  # fmt: skip
         run.timings[f"pack_model_synthetic_itl{itl:g}_s"] = model.pack_s
         print(f"   pack_model: {model.pack_s:.1f} s", flush=True)
@@ -382,6 +385,7 @@ def run_local(run: Run, procs: Processes) -> None:
             served["llmapi"] = procs.pack_synthetic(
                 "bench-synthetic", itl_ms=itl, max_batch_size=max_batch,
                 max_tokens=args.max_tokens, ttft_ms=args.ttft_ms, workflow="llmapi",
+                stream_interval=args.engine_stream_interval,
             )  # fmt: skip
             run.timings[f"pack_model_synthetic_llmapi_itl{itl:g}_s"] = served["llmapi"].pack_s
         # Start what this group needs at once (2 cores: startups overlap, measurements never do);
