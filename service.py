@@ -3,7 +3,7 @@
     TRTLLM_MODEL=trtllm-demo:latest bentoml serve service:TRTLLM
 
 Everything heavy lives in `tensorrtllm_backend`; configuration is by environment variables
-(TRTLLM_MODEL, TRTLLM_ROUTE, Triton ports, API key, limits...: see the README's table).
+(TRTLLM_MODEL, TRTLLM_ROUTE, Triton ports, API key, limits...: see docs/configuration.md).
 """
 
 from __future__ import annotations

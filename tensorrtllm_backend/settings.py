@@ -2,7 +2,7 @@
 
 One rule for all of them: an empty value means "not set"; booleans are pydantic's
 (`1/true/yes/on`, `0/false/no/off`, any case); anything that does not parse stops the start with
-a message naming the variable. The README's configuration table is checked against
+a message naming the variable. The table in docs/configuration.md is checked against
 :class:`Settings` and :data:`STUB_VARIABLES` by a test, so a variable cannot go undocumented.
 
 Read the environment when a value is needed (:func:`load_settings`), not at import: `bentoml
@@ -44,7 +44,7 @@ TCPPort = Field(None, ge=1, le=65535)
 
 
 class Settings(BaseSettings):
-    """The service's configuration (the README's "Configuration" table describes each)."""
+    """The service's configuration (docs/configuration.md describes each)."""
 
     model_config = SettingsConfigDict(
         env_prefix=PREFIX, env_ignore_empty=True, extra="ignore", frozen=True
