@@ -70,7 +70,9 @@ class _Responder:
         self.client_gone = False
         self.closed = False
 
-    def send(self, response: Any, final: bool) -> None:
+    def send(self, response: Any, final: bool, tensors: list[Any] | None = None) -> None:
+        """Send `response` (None: the flags alone); `tensors` are the response's, referenced
+        here until the send returns (see tensors.Outgoing)."""
         with self._lock:
             if self.closed:
                 return
@@ -230,7 +232,8 @@ class LlmapiModel:
                 if parsed.token_ids:
                     self._send_tokens(parsed, step, out, done)
                 elif parsed.request.streaming or step.finished:
-                    out.send(text_response(pb_utils, step, parsed), step.finished)
+                    response, tensors = text_response(pb_utils, step, parsed)
+                    out.send(response, step.finished, tensors)
                 if step.finished:
                     break
             out.send(None, True)  # no-op when the last step's response was final
@@ -251,7 +254,8 @@ class LlmapiModel:
             if sequence.finished:
                 done.add(sequence.index)
             last = step.finished and position == len(moved) - 1
-            out.send(token_response(pb_utils, sequence, parsed, step), last)
+            response, tensors = token_response(pb_utils, sequence, parsed, step)
+            out.send(response, last, tensors)
 
     def _watch(self) -> None:
         """Abort requests whose client went away (is_cancelled is an IPC call: polled)."""

@@ -263,11 +263,18 @@ def _lora(inputs: _Inputs) -> LoraSpec | None:
 # -- responses ------------------------------------------------------------------------------------
 
 
+Outgoing = tuple[Any, list[Any]]
+"""A response and its tensors. Whoever sends the response holds the tensors until the send
+returns: the Python 3.12 stub of Triton 2.51 drops its own references to a response's tensors
+with the GIL released, and a tensor whose last reference goes there crashes the stub
+(a segfault in libpython, seen on the GPU host; the 3.11 stub tolerates it)."""
+
+
 def _strings(values: list[str]) -> np.ndarray:
     return np.array([value.encode() for value in values], dtype=np.object_)
 
 
-def text_response(pb: Any, step: Step, parsed: ParsedRequest) -> Any:
+def text_response(pb: Any, step: Step, parsed: ParsedRequest) -> Outgoing:
     """NVIDIA's response: every sequence's text so far, and the outputs asked for."""
     sequences = step.sequences
     tensors = [pb.Tensor("text_output", _strings([parsed.prompt_text + s.text for s in sequences]))]
@@ -287,10 +294,12 @@ def text_response(pb: Any, step: Step, parsed: ParsedRequest) -> Any:
         tensors.append(pb.Tensor("cached_tokens", np.array([step.cached_tokens], np.int32)))
         if parsed.perf:
             tensors += _perf(pb, [s.perf or PerfMetrics() for s in sequences])
-    return pb.InferenceResponse(output_tensors=tensors)
+    return pb.InferenceResponse(output_tensors=tensors), tensors
 
 
-def token_response(pb: Any, sequence: SequenceStep, parsed: ParsedRequest, step: Step) -> Any:
+def token_response(
+    pb: Any, sequence: SequenceStep, parsed: ParsedRequest, step: Step
+) -> Outgoing:
     """One sequence's new tokens (`output_ids`, `sequence_index`) and the outputs asked for; its
     last response also carries cached_tokens (and the perf metrics when asked for)."""
     ids = sequence.token_ids
@@ -335,7 +344,7 @@ def token_response(pb: Any, sequence: SequenceStep, parsed: ParsedRequest, step:
         tensors.append(pb.Tensor("cached_tokens", np.array([step.cached_tokens], np.int32)))
         if parsed.perf:
             tensors += _perf(pb, [sequence.perf or PerfMetrics()])
-    return pb.InferenceResponse(output_tensors=tensors)
+    return pb.InferenceResponse(output_tensors=tensors), tensors
 
 
 def _cumulative(sequence: SequenceStep) -> float:
