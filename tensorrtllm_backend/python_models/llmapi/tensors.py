@@ -297,9 +297,7 @@ def text_response(pb: Any, step: Step, parsed: ParsedRequest) -> Outgoing:
     return pb.InferenceResponse(output_tensors=tensors), tensors
 
 
-def token_response(
-    pb: Any, sequence: SequenceStep, parsed: ParsedRequest, step: Step
-) -> Outgoing:
+def token_response(pb: Any, sequence: SequenceStep, parsed: ParsedRequest, step: Step) -> Outgoing:
     """One sequence's new tokens (`output_ids`, `sequence_index`) and the outputs asked for; its
     last response also carries cached_tokens (and the perf metrics when asked for)."""
     ids = sequence.token_ids
