@@ -10,7 +10,7 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class FinishReason(str, enum.Enum):
@@ -44,20 +44,21 @@ TopLogprobs = tuple[list[int], list[float]]
 """One token's top-k alternatives: their ids and log probs, the most likely first."""
 
 
+class Chunk(NamedTuple):
+    """Tokens handed to a sink at once, with their log probs and top-k alternatives (None
+    where the request did not ask for them)."""
+
+    tokens: list[int]
+    logprobs: list[float] | None
+    top: list[TopLogprobs] | None
+
+
 class Sink(Protocol):
     """Where a request's results go (a Triton response sender in production)."""
 
-    def send_tokens(
-        self,
-        req: GenRequest,
-        tokens: list[int],
-        logprobs: list[float] | None,
-        top: list[TopLogprobs] | None,
-        final: bool,
-    ) -> None:
-        """Streaming: tokens produced since the last call (one per step, or up to the
-        scheduler's stream interval), with their log probs and top-k alternatives when the
-        request asked for them; final=True marks the last response."""
+    def send_tokens(self, req: GenRequest, chunk: Chunk, final: bool) -> None:
+        """Streaming: the tokens produced since the last call (one per step, or up to the
+        scheduler's stream interval); final=True marks the last response."""
 
     def finish(self, req: GenRequest, reason: FinishReason) -> None:
         """The request left the engine. Streaming sinks that have not yet sent a final
@@ -124,6 +125,14 @@ class GenRequest:
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at the next step (thread-safe: a flag)."""
         self.cancel_requested = True
+
+    def chunk(self, start: int = 0) -> Chunk:
+        """The generated tokens from `start` on, with what the request asked to get with them."""
+        return Chunk(
+            self.generated[start:],
+            self.logprobs[start:] if self.return_log_probs else None,
+            self.top[start:] if self.top_logprobs else None,
+        )
 
     def banned_tokens(self) -> list[int]:
         """Tokens that must not be produced next: bad words whose prefix matches the tail, and

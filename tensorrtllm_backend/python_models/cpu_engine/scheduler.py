@@ -245,13 +245,7 @@ class Scheduler:
         """Hand a streaming request's unsent tokens to its sink (none: an empty final one)."""
         sent = req.sent
         req.sent = len(req.generated)
-        req.sink.send_tokens(
-            req,
-            req.generated[sent:],
-            req.logprobs[sent:] if req.return_log_probs else None,
-            req.top[sent:] if req.top_logprobs else None,
-            final,
-        )
+        req.sink.send_tokens(req, req.chunk(sent), final)
 
     def _admit(self) -> None:
         queue = self._queue

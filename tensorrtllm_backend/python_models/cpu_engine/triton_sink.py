@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .request import FinishReason, GenRequest, TopLogprobs
+from .request import Chunk, FinishReason, GenRequest, TopLogprobs
 
 _PERF_OUTPUTS = (
     "arrival_time_ns",
@@ -104,17 +104,11 @@ class ResponseGroup:
         return SequenceSink(self)
 
     # -- used by SequenceSink ------------------------------------------------------------------
-    def emit(
-        self,
-        req: GenRequest,
-        tokens: list[int],
-        logprobs: list[float] | None,
-        top: list[TopLogprobs] | None,
-        sequence_final: bool,
-    ) -> None:
+    def emit(self, req: GenRequest, chunk: Chunk, sequence_final: bool) -> None:
         """Decoupled: send one sequence's response; FINAL when it is the last response of the
         last sequence (sequence_final: this sequence's last response)."""
         pb = self._pb
+        tokens, logprobs, top = chunk
         n = len(tokens)
         tensors = [
             pb.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, n)),
@@ -274,15 +268,8 @@ class SequenceSink:
     def __init__(self, group: ResponseGroup) -> None:
         self._group = group
 
-    def send_tokens(
-        self,
-        req: GenRequest,
-        tokens: list[int],
-        logprobs: list[float] | None,
-        top: list[TopLogprobs] | None,
-        final: bool,
-    ) -> None:
-        self._group.emit(req, tokens, logprobs, top, final)
+    def send_tokens(self, req: GenRequest, chunk: Chunk, final: bool) -> None:
+        self._group.emit(req, chunk, final)
 
     def finish(self, req: GenRequest, reason: FinishReason) -> None:
         group = self._group
@@ -291,13 +278,7 @@ class SequenceSink:
                 if group.client_cancelled:
                     group.sequence_done(req, None, None)  # nobody listens: just release
                 else:  # stop=true: end the stream with an empty final response
-                    group.emit(
-                        req,
-                        [],
-                        [] if req.return_log_probs else None,
-                        [] if req.top_logprobs else None,
-                        True,
-                    )
+                    group.emit(req, req.chunk(len(req.generated)), True)
             return  # other reasons: the final data response was already sent
         if reason is FinishReason.CANCELLED and group.client_cancelled:
             group.sequence_done(req, None, None)
@@ -305,13 +286,7 @@ class SequenceSink:
         tokens = req.generated if req.exclude_input_in_output else req.prompt + req.generated
         if group.decoupled:
             # Log probs cover the generated tokens only, also when the prompt is returned.
-            group.emit(
-                req,
-                tokens,
-                req.logprobs if req.return_log_probs else None,
-                req.top if req.top_logprobs else None,
-                True,
-            )
+            group.emit(req, req.chunk()._replace(tokens=tokens), True)
         else:
             group.sequence_done(req, tokens, None)
 

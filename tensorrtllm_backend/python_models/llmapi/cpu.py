@@ -30,7 +30,7 @@ from ...common.cpu_engine_config import load_engine_config
 from ...common.guides import GuideError
 from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, load_tokenizer
 from ..cpu_engine.loading import EngineGuides, make_backend
-from ..cpu_engine.request import FinishReason, GenRequest, SamplingParams, TopLogprobs
+from ..cpu_engine.request import Chunk, FinishReason, GenRequest, SamplingParams, TopLogprobs
 from ..cpu_engine.scheduler import Scheduler
 from ..cpu_engine.triton_io import split_sequences
 from .engine import EngineRequest, PerfMetrics, RequestError, Sampling, SequenceStep, Step
@@ -397,15 +397,8 @@ class _SequenceSink:
         self._index = index
         self._last: _Arrival | None = None  # the final tokens, sent with the finish reason
 
-    def send_tokens(
-        self,
-        req: GenRequest,
-        tokens: list[int],
-        logprobs: list[float] | None,
-        top: list[TopLogprobs] | None,
-        final: bool,
-    ) -> None:
-        arrival = (self._index, tokens, logprobs or [], top or [], None)
+    def send_tokens(self, req: GenRequest, chunk: Chunk, final: bool) -> None:
+        arrival = (self._index, chunk.tokens, chunk.logprobs or [], chunk.top or [], None)
         if final:  # finish() follows at once: one hand-over, as the LLM API's last response
             self._last = arrival
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from tensorrtllm_backend.python_models.cpu_engine.request import (
+    Chunk,
     FinishReason,
     GenRequest,
     TopLogprobs,
@@ -27,14 +28,8 @@ class RecordingSink:
         self.done = threading.Event()
         self.first_token = threading.Event()
 
-    def send_tokens(
-        self,
-        req: GenRequest,
-        tokens: list[int],
-        logprobs: list[float] | None,
-        top: list[TopLogprobs] | None,
-        final: bool,
-    ) -> None:
+    def send_tokens(self, req: GenRequest, chunk: Chunk, final: bool) -> None:
+        tokens, logprobs, top = chunk
         self.chunks.append((list(tokens), None if logprobs is None else list(logprobs), final))
         self.tops.append(None if top is None else list(top))
         self.first_token.set()
