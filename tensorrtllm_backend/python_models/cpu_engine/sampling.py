@@ -63,7 +63,9 @@ def select_token(
     logprobs = torch.log_softmax(logits, dim=-1)
     top = top_logprobs(logprobs, req.top_logprobs) if req.top_logprobs else None
     if sp.greedy:
-        token = int(torch.argmax(logits))
+        # With alternatives, the chosen token is the first of them: argmax and topk may break a
+        # tie differently (bf16 logits on a GPU tie often), and greedy must be the top-ranked.
+        token = top[0][0] if top else int(torch.argmax(logits))
         return token, float(logprobs[token]), top
     filtered = logits
     if sp.top_k > 1:
