@@ -39,15 +39,7 @@ import psutil
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_clients import (
-    GrpcDirect,
-    GrpcEnsemble,
-    PromptCase,
-    RequestFn,
-    TextStream,
-    http_client,
-    run_load,
-)
+from benchmarks import bench_clients
 from benchmarks.bench_procs import ROOT, PackedModel, Processes, Service, write_result
 from benchmarks.bench_stats import TargetSummary, format_number, summarize
 from benchmarks.bench_workload import add_reference_texts, build_prompts
@@ -149,15 +141,15 @@ def start_service(side: Side) -> Service:
 
 
 async def measure(
-    request: RequestFn,
-    prompts: Sequence[PromptCase],
+    request: bench_clients.RequestFn,
+    prompts: Sequence[bench_clients.PromptCase],
     args: argparse.Namespace,
     target: str,
     side: Side | None,
 ) -> Measured:
-    await run_load(request, prompts, args.warmup, min(args.warmup, args.concurrency))
+    await bench_clients.run_load(request, prompts, args.warmup, min(args.warmup, args.concurrency))
     before = side.process_tree_cpu_s() if side else None
-    records, wall = await run_load(request, prompts, args.requests, args.concurrency)
+    records, wall = await bench_clients.run_load(request, prompts, args.requests, args.concurrency)
     summary = summarize(target, "ab", args.concurrency, records, wall)
     measured = Measured(summary)
     if side is not None and before is not None and summary.output_tokens:
@@ -219,17 +211,17 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
     prompts = build_prompts(reference.model.root, args.max_tokens)
     prompts = await add_reference_texts(triton.grpc_url, prompts, ["ensemble"], args.max_tokens)
     rounds = Rounds()
-    direct = GrpcDirect(triton.grpc_url, args.max_tokens, pad_id=2)
-    ensemble = GrpcEnsemble(triton.grpc_url, args.max_tokens)
-    http = http_client(args.concurrency)
-    targets: list[tuple[str, RequestFn, Side | None]] = [
+    direct = bench_clients.GrpcDirect(triton.grpc_url, args.max_tokens, pad_id=2)
+    ensemble = bench_clients.GrpcEnsemble(triton.grpc_url, args.max_tokens)
+    http = bench_clients.http_client(args.concurrency)
+    targets: list[tuple[str, bench_clients.RequestFn, Side | None]] = [
         ("grpc_ensemble", ensemble, None),
         ("grpc_direct", direct, None),
     ]
     for side in sides:
         assert side.service is not None
         url = f"{side.service.url}/generate"
-        targets.append((side.name, TextStream(http, url, args.max_tokens), side))
+        targets.append((side.name, bench_clients.TextStream(http, url, args.max_tokens), side))
     try:
         for index in range(args.rounds):
             order = targets if index % 2 == 0 else list(reversed(targets))

@@ -30,25 +30,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-from benchmarks.bench_clients import (
-    DIRECT_OUTPUTS,
-    GrpcDirect,
-    PromptCase,
-    TextStream,
-    exact_length_tensors,
-    http_client,
-    run_load,
-)
+from benchmarks import bench_clients
 from benchmarks.bench_procs import BENCH_DIR, Processes, save_result, synthetic_parser
 from benchmarks.bench_stats import RequestRecord, percentile
 from benchmarks.stream_bench import ServedSynthetic, serve_synthetic
-from benchmarks.ttft_probe.sitecustomize import (
-    LOG_ENV,
-    T0_HEADER,
-    read_engine_marks,
-    with_perf_metrics,
-)
+from benchmarks.ttft_probe import sitecustomize as probe
 
 PROBE_DIR = BENCH_DIR / "ttft_probe"
 
@@ -108,7 +94,7 @@ def format_breakdown(by_target: Mapping[str, list[SegmentStat]]) -> str:
 
 
 # -- the bare gRPC client, with the engine's marks ----------------------------------------------
-class ProbedDirect(GrpcDirect):
+class ProbedDirect(bench_clients.GrpcDirect):
     """stream_bench's bare gRPC client (the service's own TritonLLMClient) asking for the
     engine's timestamps: the same marks from the Triton call to the first response, with nothing
     in front of the client."""
@@ -117,14 +103,15 @@ class ProbedDirect(GrpcDirect):
         super().__init__(url, max_tokens, pad_id)
         self.rows: list[dict[str, float]] = []
 
-    async def __call__(self, prompt: PromptCase) -> RequestRecord:
-        tensors, outputs = with_perf_metrics(
-            exact_length_tensors(prompt.ids, self.max_tokens, self.pad_id), DIRECT_OUTPUTS
+    async def __call__(self, prompt: bench_clients.PromptCase) -> RequestRecord:
+        tensors, outputs = probe.with_perf_metrics(
+            bench_clients.exact_length_tensors(prompt.ids, self.max_tokens, self.pad_id),
+            bench_clients.DIRECT_OUTPUTS,
         )
         engine: dict[str, float] = {}
         offset_s = time.time() - time.perf_counter()
         record = await self.request(
-            tensors, outputs, lambda result: read_engine_marks(result, offset_s, engine)
+            tensors, outputs, lambda result: probe.read_engine_marks(result, offset_s, engine)
         )
         if record.error is None and record.first_output is not None:
             self.rows.append(
@@ -164,16 +151,18 @@ async def measure(
     first_byte: dict[str, float] = {}
     bad = 0
     try:
-        async with http_client(args.concurrency) as client:
-            native = TextStream(client, f"{served.service.url}/generate", args.max_tokens,
-                                start_header=T0_HEADER.decode())  # fmt: skip
+        async with bench_clients.http_client(args.concurrency) as client:
+            native = bench_clients.TextStream(client, f"{served.service.url}/generate", args.max_tokens,
+                                start_header=probe.T0_HEADER.decode())  # fmt: skip
             for request in (direct, native):  # warm-up, not recorded
-                await run_load(request, prompts, min(16, args.requests), 16)
+                await bench_clients.run_load(request, prompts, min(16, args.requests), 16)
             direct.rows.clear()
             probe_log.write_text("")
             for index in range(args.rounds):
                 for name, request in (("direct gRPC", direct), ("native", native)):
-                    records, _ = await run_load(request, prompts, args.requests, args.concurrency)
+                    records, _ = await bench_clients.run_load(
+                        request, prompts, args.requests, args.concurrency
+                    )
                     bad += failures(records)
                     if request is native:  # the client's first byte, by the start it sent
                         first_byte.update(
@@ -212,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 procs, "bench-breakdown", itl_ms=args.itl_ms,
                 max_batch_size=max(64, args.concurrency), max_tokens=args.max_tokens,
                 service_name="probed",
-                env={"PYTHONPATH": str(PROBE_DIR), LOG_ENV: str(probe_log)},
+                env={"PYTHONPATH": str(PROBE_DIR), probe.LOG_ENV: str(probe_log)},
             )  # fmt: skip
             print(f"-- {label}: {args.rounds} x {args.requests} requests per target", flush=True)
             rows = asyncio.run(measure(args, served, probe_log))

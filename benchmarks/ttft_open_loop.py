@@ -26,14 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_clients import (
-    GrpcDirect,
-    PromptCase,
-    RequestFn,
-    http_client,
-    run_open_loop,
-    service_request,
-)
+from benchmarks import bench_clients
 from benchmarks.bench_procs import Processes, save_result, synthetic_parser
 from benchmarks.bench_stats import TargetSummary, add_ratios, format_table, summarize
 from benchmarks.stream_bench import openai_model_name, serve_synthetic
@@ -47,26 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def measure_all(
-    args: argparse.Namespace, service_url: str, grpc_url: str, prompts: list[PromptCase],
+    args: argparse.Namespace, service_url: str, grpc_url: str, prompts: list[bench_clients.PromptCase],
     pad_id: int, label: str,
 ) -> list[TargetSummary]:  # fmt: skip
     # Each request lasts about max_tokens steps: this rate keeps --in-flight of them running.
     rate = args.in_flight / (args.max_tokens * args.itl_ms / 1000.0)
     summaries = []
-    direct = GrpcDirect(grpc_url, args.max_tokens, pad_id)
+    direct = bench_clients.GrpcDirect(grpc_url, args.max_tokens, pad_id)
     try:
-        async with http_client(4 * args.in_flight) as client:
+        async with bench_clients.http_client(4 * args.in_flight) as client:
             model = await openai_model_name(service_url)
-            targets: list[tuple[str, RequestFn]] = [("grpc_direct", direct)] + [
+            targets: list[tuple[str, bench_clients.RequestFn]] = [("grpc_direct", direct)] + [
                 (
                     f"{api}[direct]",
-                    service_request(api, client, service_url, model, args.max_tokens),
+                    bench_clients.service_request(api, client, service_url, model, args.max_tokens),
                 )
                 for api in ("native", "openai")
             ]
             for name, request in targets:
-                await run_open_loop(request, prompts, 8, rate, seed=args.seed + 1)  # warm-up
-                records, wall = await run_open_loop(request, prompts, args.requests, rate,
+                await bench_clients.run_open_loop(
+                    request, prompts, 8, rate, seed=args.seed + 1
+                )  # warm-up
+                records, wall = await bench_clients.run_open_loop(request, prompts, args.requests, rate,
                                                     seed=args.seed)  # fmt: skip
                 summary = summarize(name, label, args.in_flight, records, wall)
                 summaries.append(summary)

@@ -9,7 +9,7 @@ depends on gRPC or on how tritonserver words its failures.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,6 +53,10 @@ class EngineInstanceDeadError(EngineUnavailableError):
         self.instance = instance
 
 
+# One request's input tensors by name (a string: numpy is imported for type checking only).
+Tensors: TypeAlias = "Mapping[str, np.ndarray]"
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """Streaming inference against one inference server, shared by all requests.
@@ -64,24 +68,18 @@ class InferenceEngine(Protocol):
     responses_received: int
 
     def stream(
-        self,
-        model_name: str,
-        tensors: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        request_id: str,
+        self, model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str
     ) -> AsyncGenerator[InferResult, None]:
         """Each response of one (decoupled) request; closing the generator early cancels the
         request. Failures raise :class:`EngineError` subclasses."""
         ...
 
     def let_finish(
-        self,
-        responses: AsyncGenerator[Any, None],
-        max_responses: int = DRAIN_RESPONSES,
-        timeout_s: float = DRAIN_TIMEOUT_S,
+        self, responses: AsyncGenerator[Any, None], max_responses: int = ..., timeout_s: float = ...
     ) -> None:
         """Read and drop the rest of a stream nobody needs, in the background, cancelling it only
-        if it does not end on its own within `max_responses` responses or `timeout_s`."""
+        if it does not end on its own within `max_responses` responses (DRAIN_RESPONSES) or
+        `timeout_s` (DRAIN_TIMEOUT_S)."""
         ...
 
     async def close(self) -> None:

@@ -29,15 +29,18 @@ class API:
 
     path: str
     errors: ErrorStyle = ErrorStyle.NATIVE
-    # The `api` label of the generation metrics; set for generation APIs only.
+    # The `api` label of the generation metrics: set for the APIs that generate, and only those.
     metrics_label: str | None = None
-    # Counted by the in-flight bound (TRTLLM_MAX_IN_FLIGHT): every API that generates.
-    generation: bool = False
     # Its answers may stream: OpenTelemetry would open a span per chunk, so it is left out of
     # tracing unless TRTLLM_TRACE_STREAMS=1.
     streams: bool = False
     # Health probes, metrics and the API schema: no API key, no limits.
     open: bool = False
+
+    @property
+    def generation(self) -> bool:
+        """Counted by the in-flight bound (TRTLLM_MAX_IN_FLIGHT)."""
+        return self.metrics_label is not None
 
 
 NATIVE_LABEL = "native"
@@ -47,42 +50,18 @@ RESPONSES_LABEL = "openai_responses"
 MESSAGES_LABEL = "anthropic_messages"
 
 APIS: tuple[API, ...] = (
-    API("/generate", metrics_label=NATIVE_LABEL, generation=True, streams=True),
-    API("/generate_text", metrics_label=NATIVE_LABEL, generation=True),
-    API(
-        "/v1/completions",
-        ErrorStyle.OPENAI,
-        metrics_label=COMPLETIONS_LABEL,
-        generation=True,
-        streams=True,
-    ),
-    API(
-        "/v1/chat/completions",
-        ErrorStyle.OPENAI,
-        metrics_label=CHAT_LABEL,
-        generation=True,
-        streams=True,
-    ),
+    API("/generate", metrics_label=NATIVE_LABEL, streams=True),
+    API("/generate_text", metrics_label=NATIVE_LABEL),
+    API("/v1/completions", ErrorStyle.OPENAI, COMPLETIONS_LABEL, streams=True),
+    API("/v1/chat/completions", ErrorStyle.OPENAI, CHAT_LABEL, streams=True),
     API("/v1/models", ErrorStyle.OPENAI),
     API("/v1/models/{model_id:path}", ErrorStyle.OPENAI),
-    API(
-        "/v1/responses",
-        ErrorStyle.OPENAI,
-        metrics_label=RESPONSES_LABEL,
-        generation=True,
-        streams=True,
-    ),
+    API("/v1/responses", ErrorStyle.OPENAI, RESPONSES_LABEL, streams=True),
     *(
         API(f"/v1/responses/{{response_id}}{action}", ErrorStyle.OPENAI)
         for action in ("", "/cancel", "/input_items")
     ),
-    API(
-        "/v1/messages",
-        ErrorStyle.ANTHROPIC,
-        metrics_label=MESSAGES_LABEL,
-        generation=True,
-        streams=True,
-    ),
+    API("/v1/messages", ErrorStyle.ANTHROPIC, MESSAGES_LABEL, streams=True),
     API("/v1/messages/count_tokens", ErrorStyle.ANTHROPIC),
     # vLLM's, at the root: a root app mounted on BentoML's (api_surface.py).
     API("/tokenize", ErrorStyle.OPENAI),

@@ -22,11 +22,10 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import grpc
-import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2
 from tritonclient.grpc._utils import _get_inference_request
@@ -41,6 +40,7 @@ from ..common.engine_api import (
     EngineRequestError,
     EngineTimeoutError,
     EngineUnavailableError,
+    Tensors,
 )
 
 logger = logging.getLogger(__name__)
@@ -87,10 +87,7 @@ STREAM_INFER_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def inference_request(
-    model_name: str,
-    tensors: Mapping[str, np.ndarray],
-    outputs: Sequence[str],
-    request_id: str = "",
+    model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str = ""
 ) -> service_pb2.ModelInferRequest:
     """The ModelInferRequest tritonclient's stream_infer would build for these tensors (with the
     builder it uses, private to tritonclient, whose version requirements.txt pins)."""
@@ -109,7 +106,7 @@ def inference_request(
     )
 
 
-def make_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
+def make_inputs(tensors: Tensors) -> list[grpcclient.InferInput]:
     inputs = []
     for name, array in tensors.items():
         infer_input = grpcclient.InferInput(
@@ -188,11 +185,7 @@ class TritonLLMClient:
         task.add_done_callback(self._finishing.discard)
 
     async def stream(
-        self,
-        model_name: str,
-        tensors: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        request_id: str,
+        self, model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str
     ) -> AsyncGenerator[InferResult, None]:
         """Yield each response of one (decoupled) request; cancel it if the caller stops early."""
         request = inference_request(model_name, tensors, outputs, request_id)

@@ -79,6 +79,28 @@ def openai_client(
     return client(base_url=f"{server.url}/v1", api_key="unused", timeout=timeout, max_retries=0)
 
 
+# What the shared openai fixtures wait for one answer: the longest generation a test asks for,
+# on a loaded 2-core host.
+CLIENT_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def client(server: BentoServer) -> openai.OpenAI:
+    """The `openai` client on the module's `server` (a module that uses it defines `server`)."""
+    return openai_client(server, CLIENT_TIMEOUT_S)
+
+
+@pytest.fixture
+def async_client(server: BentoServer) -> openai.AsyncOpenAI:
+    return openai_client(server, CLIENT_TIMEOUT_S, asynchronous=True)
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    """The served model's name, as /v1/models lists it."""
+    return client.models.list().data[0].id
+
+
 def engine_counters(metrics_port: int) -> dict[str, float]:
     """The CPU engine's metrics on Triton's metrics port, each summed over its label sets."""
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text

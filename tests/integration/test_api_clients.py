@@ -52,19 +52,14 @@ def clients_model() -> str:
 
 
 @pytest.fixture(scope="module")
-def tools_server(clients_model: str, module_bento_launcher) -> BentoServer:
+def server(clients_model: str, module_bento_launcher) -> BentoServer:
     return module_bento_launcher(clients_model, wait=True)
 
 
 @pytest.fixture(scope="module")
-def client(tools_server: BentoServer) -> openai.OpenAI:
-    return openai_client(tools_server, TIMEOUT)
-
-
-@pytest.fixture(scope="module")
-def claude(tools_server: BentoServer) -> anthropic.Anthropic:
+def claude(server: BentoServer) -> anthropic.Anthropic:
     return anthropic.Anthropic(
-        base_url=tools_server.url, api_key="unused", max_retries=0, timeout=TIMEOUT
+        base_url=server.url, api_key="unused", max_retries=0, timeout=TIMEOUT
     )
 
 
@@ -186,8 +181,8 @@ def test_stored_responses_are_found_deleted_and_forgotten(client: openai.OpenAI)
         client.responses.cancel(client.responses.create(model=MODEL, input="Hi").id)
 
 
-async def test_a_response_in_progress_can_be_cancelled(tools_server: BentoServer) -> None:
-    client = openai_client(tools_server, TIMEOUT, asynchronous=True)
+async def test_a_response_in_progress_can_be_cancelled(server: BentoServer) -> None:
+    client = openai_client(server, TIMEOUT, asynchronous=True)
     stream = await client.responses.create(
         model=MODEL, input="Tell me a long story.", max_output_tokens=1000, stream=True,
         extra_body={"ignore_eos": True},
@@ -232,7 +227,7 @@ def test_what_cannot_be_done_is_a_400_naming_it(
 # --- the OpenAI Agents SDK ---------------------------------------------------------------------
 
 
-def test_an_agent_with_the_default_model_calls_its_tool(tools_server: BentoServer) -> None:
+def test_an_agent_with_the_default_model_calls_its_tool(server: BentoServer) -> None:
     """The Agents SDK's default model talks to /v1/responses. First turn: the tool is required;
     after the call the SDK resets tool_choice, and the agent's output type shapes the answer."""
     from agents import (
@@ -246,7 +241,7 @@ def test_an_agent_with_the_default_model_calls_its_tool(tools_server: BentoServe
 
     set_tracing_disabled(True)  # no trace upload: nothing leaves the machine
     set_default_openai_client(
-        openai_client(tools_server, TIMEOUT, asynchronous=True), use_for_tracing=False
+        openai_client(server, TIMEOUT, asynchronous=True), use_for_tracing=False
     )
     cities: list[str] = []
 
@@ -285,7 +280,7 @@ def test_an_agent_with_the_default_model_calls_its_tool(tools_server: BentoServe
 # --- LangChain ---------------------------------------------------------------------------------
 
 
-def test_langchain_on_the_responses_api_with_bound_tools(tools_server: BentoServer) -> None:
+def test_langchain_on_the_responses_api_with_bound_tools(server: BentoServer) -> None:
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -296,7 +291,7 @@ def test_langchain_on_the_responses_api_with_bound_tools(tools_server: BentoServ
         return f"sunny in {city}"
 
     llm = ChatOpenAI(
-        model=MODEL, base_url=f"{tools_server.url}/v1", api_key="unused", use_responses_api=True,
+        model=MODEL, base_url=f"{server.url}/v1", api_key="unused", use_responses_api=True,
         max_tokens=64, max_retries=0, timeout=TIMEOUT,
     )  # fmt: skip
     forced = llm.bind_tools([get_weather], tool_choice="any", parallel_tool_calls=False)

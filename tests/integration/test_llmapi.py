@@ -167,28 +167,23 @@ def test_bad_request_is_an_error_for_that_request(triton: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def triton_http_port() -> int:
-    return find_free_port()
-
-
-@pytest.fixture(scope="module")
-def triton_metrics_port() -> int:
-    return find_free_port()
+def triton_ports() -> tuple[int, int]:
+    """Triton's HTTP and metrics ports, fixed so that the tests can read them."""
+    return find_free_port(), find_free_port()
 
 
 @pytest.fixture(scope="module")
 def server(
     llmapi_model: str,
-    triton_http_port: int,
-    triton_metrics_port: int,
+    triton_ports: tuple[int, int],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[BentoServer]:
     server = start_bento_server(
         llmapi_model,
         tmp_path_factory.mktemp("llmapi-server"),
         env={  # to look at Triton's model and count what it served
-            "TRTLLM_TRITON_HTTP_PORT": str(triton_http_port),
-            "TRTLLM_TRITON_METRICS_PORT": str(triton_metrics_port),
+            "TRTLLM_TRITON_HTTP_PORT": str(triton_ports[0]),
+            "TRTLLM_TRITON_METRICS_PORT": str(triton_ports[1]),
         },
     )
     yield server
@@ -210,15 +205,16 @@ def test_stored_model_yaml_points_at_the_stored_checkpoint(llmapi_model: str) ->
 
 
 def test_generate_streams_through_the_llmapi_model(
-    server: BentoServer, triton_http_port: int, triton_metrics_port: int
+    server: BentoServer, triton_ports: tuple[int, int]
 ) -> None:
-    config = _triton_model(triton_http_port, "config")
+    http_port, metrics_port = triton_ports
+    config = _triton_model(http_port, "config")
     assert {t["name"] for t in config["input"]} >= {"text_input", "sampling_param_max_tokens"}
     assert config["model_transaction_policy"]["decoupled"] is True
 
     def served() -> int:
         """Requests tensorrt_llm has served, by Triton's own metric (published every 2 s)."""
-        text = httpx.get(f"http://127.0.0.1:{triton_metrics_port}/metrics", timeout=10).text
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
         found = re.search(
             r'^nv_inference_request_success\{model="tensorrt_llm",version="1"\} (\S+)$', text, re.M
         )

@@ -33,18 +33,8 @@ NO_EOS = {"ignore_eos": True}  # the random demo model may emit its end token at
 
 
 @pytest.fixture(scope="module")
-def client(route_server: BentoServer) -> openai.OpenAI:
-    return openai_client(route_server, TIMEOUT)
-
-
-@pytest.fixture
-def async_client(route_server: BentoServer) -> openai.AsyncOpenAI:
-    return openai_client(route_server, TIMEOUT, asynchronous=True)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
+def server(route_server: BentoServer) -> BentoServer:
+    return route_server
 
 
 @cache

@@ -24,13 +24,8 @@ MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 
 
 @pytest.fixture(scope="module")
-def client(demo_server: BentoServer) -> openai.OpenAI:
-    return openai_client(demo_server, TIMEOUT)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
+def server(demo_server: BentoServer) -> BentoServer:
+    return demo_server
 
 
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])

@@ -94,16 +94,6 @@ def server(tools_model: str, module_bento_launcher) -> BentoServer:
     return module_bento_launcher(tools_model, wait=True)
 
 
-@pytest.fixture(scope="module")
-def client(server: BentoServer) -> openai.OpenAI:
-    return openai_client(server, TIMEOUT)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
 def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 

@@ -27,7 +27,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import openai_client, pack  # tests/integration/conftest.py
+from conftest import pack  # tests/integration/conftest.py
 
 from tests.thinking_model import ANSWER, MESSAGES, THINKING, build_thinking_checkpoint
 
@@ -59,11 +59,6 @@ def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 def server(thinking_model: str, module_bento_launcher) -> BentoServer:
     # No TRTLLM_REASONING_PARSER: the format is read from the chat template (qwen3).
     return module_bento_launcher(thinking_model, wait=True)
-
-
-@pytest.fixture(scope="module")
-def client(server: BentoServer) -> openai.OpenAI:
-    return openai_client(server, TIMEOUT)
 
 
 def chat(client: openai.OpenAI, **fields: Any) -> Any:

@@ -21,6 +21,7 @@ passed in (`pb`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,21 +64,19 @@ _SCALARS: dict[str, type] = {
 }
 _STRING_LISTS = ("stop", "bad")
 _ID_LISTS = ("stop_token_ids", "bad_token_ids")
-_PERF_PER_SEQUENCE = (
-    ("kv_cache_reused_block", np.int32),
-    ("kv_cache_missed_block", np.int32),
-    ("kv_cache_alloc_new_blocks", np.int32),
-    ("kv_cache_alloc_total_blocks", np.int32),
-    ("kv_cache_hit_rate", np.float32),
-)
-_PERF_PER_REQUEST = (
-    ("arrival_time_ns", np.int64),
-    ("first_scheduled_time_ns", np.int64),
-    ("first_token_time_ns", np.int64),
-    ("last_token_time_ns", np.int64),
-    ("acceptance_rate", np.float32),
-    ("total_accepted_draft_tokens", np.int32),
-    ("total_draft_tokens", np.int32),
+# NVIDIA's perf outputs, PerfMetrics' fields: (name, dtype, one value per sequence (the KV-cache
+# ones) or the request's). Their dtypes follow the names: int64 times, float32 rates, int32 counts.
+_PERF_OUTPUTS = tuple(
+    (
+        f.name,
+        np.int64
+        if f.name.endswith("_ns")
+        else np.float32
+        if f.name.endswith("_rate")
+        else np.int32,
+        f.name.startswith("kv_cache_"),
+    )
+    for f in dataclasses.fields(PerfMetrics)
 )
 # [i] int32 arrays for sequence_index, built once and never mutated (one per response).
 _INDEXES = tuple(np.array([i], dtype=np.int32) for i in range(MAX_SEQUENCES))
@@ -352,12 +351,7 @@ def _cumulative(sequence: SequenceStep) -> float:
 
 def _perf(pb: Any, metrics: list[PerfMetrics]) -> list[Any]:
     """NVIDIA's perf outputs: the KV-cache ones per sequence, the others of the first."""
-    tensors = [
-        pb.Tensor(name, np.array([getattr(m, name) for m in metrics], dtype))
-        for name, dtype in _PERF_PER_SEQUENCE
+    return [
+        pb.Tensor(name, np.array([getattr(m, name) for m in metrics[: None if each else 1]], dtype))
+        for name, dtype, each in _PERF_OUTPUTS
     ]
-    tensors += [
-        pb.Tensor(name, np.array([getattr(metrics[0], name)], dtype))
-        for name, dtype in _PERF_PER_REQUEST
-    ]
-    return tensors

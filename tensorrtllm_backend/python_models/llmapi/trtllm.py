@@ -20,20 +20,10 @@ import tensorrt_llm
 from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
-from .engine import (
-    EngineRequest,
-    Guide,
-    LoraSpec,
-    PerfMetrics,
-    RequestError,
-    Sampling,
-    SequenceStep,
-    Step,
-    TopLogprobs,
-)
+from . import engine
 from .settings import ModelSettings
 
-# What SamplingParams takes as it is (Sampling's fields carry its names).
+# What SamplingParams takes as it is (engine.Sampling's fields carry its names).
 _PLAIN_FIELDS = (
     "max_tokens",
     "temperature",
@@ -71,7 +61,7 @@ def llm_arguments(settings: ModelSettings) -> dict[str, Any]:
     return dict(update_llm_args_with_extra_dict({}, args))
 
 
-def guided_decoding(guide: Guide) -> Any:
+def guided_decoding(guide: engine.Guide) -> Any:
     """The C++ backend's guide types as GuidedDecodingParams: `json` without a guide is any JSON
     object (json_object), a schema goes in `json`, EBNF in `grammar`."""
     if guide.type == "json" and not guide.guide:
@@ -85,7 +75,7 @@ def guided_decoding(guide: Guide) -> Any:
     return GuidedDecodingParams(structural_tag=guide.guide)
 
 
-def sampling_params(sampling: Sampling) -> Any:
+def sampling_params(sampling: engine.Sampling) -> Any:
     """A SamplingParams with only the fields the request set, by keyword."""
     fields: dict[str, Any] = {
         name: value for name in _PLAIN_FIELDS if (value := getattr(sampling, name)) is not None
@@ -119,7 +109,7 @@ def sampling_params(sampling: Sampling) -> Any:
     return SamplingParams(**fields)
 
 
-def lora_request(lora: LoraSpec) -> Any:
+def lora_request(lora: engine.LoraSpec) -> Any:
     """LoRARequest checks that the adapter's path exists (a ValueError: the request's error)."""
     return LoRARequest(
         lora_name=lora.name,
@@ -137,10 +127,10 @@ class TrtllmEngine:
         self._llm = tensorrt_llm.LLM(**llm_arguments(settings))
         self.name = f"tensorrt_llm {getattr(tensorrt_llm, '__version__', '')} ({settings.path})"
 
-    def generate(self, request: EngineRequest) -> TrtllmGeneration:
+    def generate(self, request: engine.EngineRequest) -> TrtllmGeneration:
         if request.sampling.guide is not None and self._settings.guided_decoding_backend is None:
             # The LLM API would drop the guide without a word.
-            raise RequestError(
+            raise engine.RequestError(
                 "guided decoding is off for this model: model.yaml sets no "
                 "guided_decoding_backend (pack it with guided_decoding_backend: xgrammar)"
             )
@@ -148,7 +138,7 @@ class TrtllmEngine:
             params = sampling_params(request.sampling)
             lora = lora_request(request.lora) if request.lora is not None else None
         except (ValueError, TypeError) as error:  # SamplingParams / LoRARequest validation
-            raise RequestError(str(error)) from None
+            raise engine.RequestError(str(error)) from None
         prompt = request.prompt
         inputs = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
         output = self._llm.generate_async(
@@ -167,17 +157,17 @@ class TrtllmGeneration:
     """A RequestOutput read as steps. The LLM API updates one RequestOutput in place at each
     yield; its `*_diff` properties hold what arrived since the previous one."""
 
-    def __init__(self, output: Any, request: EngineRequest) -> None:
+    def __init__(self, output: Any, request: engine.EngineRequest) -> None:
         self._output = output
         self._request = request
 
     def abort(self) -> None:
         self._output.abort()
 
-    def __aiter__(self) -> AsyncIterator[Step]:
+    def __aiter__(self) -> AsyncIterator[engine.Step]:
         return self._steps()
 
-    async def _steps(self) -> AsyncIterator[Step]:
+    async def _steps(self) -> AsyncIterator[engine.Step]:
         if not self._request.streaming:
             await self._output.aresult()
             yield self._step(whole=True)
@@ -188,7 +178,7 @@ class TrtllmGeneration:
             if step.finished:
                 return
 
-    def _step(self, *, whole: bool) -> Step:
+    def _step(self, *, whole: bool) -> engine.Step:
         output = self._output
         k = self._request.sampling.logprobs
         sequences = []
@@ -199,7 +189,7 @@ class TrtllmGeneration:
                 raw = completion.logprobs if whole else completion.logprobs_diff
                 chosen, top = _logprobs(tokens, list(raw or []), k)
             sequences.append(
-                SequenceStep(
+                engine.SequenceStep(
                     index=int(completion.index),
                     token_ids=tokens,
                     text=completion.text or "",
@@ -214,7 +204,7 @@ class TrtllmGeneration:
                 )
             )
         sequences.sort(key=lambda sequence: sequence.index)
-        return Step(
+        return engine.Step(
             sequences,
             bool(output.finished),
             cached_tokens=int(getattr(output, "cached_tokens", 0) or 0),
@@ -223,12 +213,12 @@ class TrtllmGeneration:
 
 def _logprobs(
     tokens: list[int], raw: list[Any], k: int
-) -> tuple[list[float], list[TopLogprobs] | None]:
+) -> tuple[list[float], list[engine.TopLogprobs] | None]:
     """The chosen tokens' log probs and their top-k alternatives, from the LLM API's per-token
     entries: a dict token id -> Logprob(logprob, rank) (PyTorch backend), or a float (the
     chosen token's only, the legacy TensorRT path)."""
     chosen: list[float] = []
-    top: list[TopLogprobs] = []
+    top: list[engine.TopLogprobs] = []
     for token, entry in zip(tokens, raw, strict=False):
         if isinstance(entry, dict):
             value = entry.get(token)
@@ -239,13 +229,13 @@ def _logprobs(
             chosen.append(float(entry))
             top.append(([], []))
     if len(chosen) < len(tokens):
-        raise RequestError(
+        raise engine.RequestError(
             f"the engine returned log probs for {len(chosen)} of {len(tokens)} tokens"
         )
     if k == 0:
         return chosen, None
     if any(len(ids) < k for ids, _ in top):
-        raise RequestError(
+        raise engine.RequestError(
             f"the engine returned fewer than the {k} alternatives asked for per token "
             "(this TensorRT-LLM path returns the chosen token's log prob only)"
         )
@@ -263,14 +253,14 @@ def _rank(entry: Any) -> tuple[int, float]:
     return (rank if rank is not None else 1 << 30, -_value(entry))
 
 
-def _perf(metrics: Any) -> PerfMetrics | None:
+def _perf(metrics: Any) -> engine.PerfMetrics | None:
     """CompletionOutput.request_perf_metrics (None unless return_perf_metrics was asked for)."""
     if metrics is None:
         return None
     timing = getattr(metrics, "timing_metrics", None)
     kv = getattr(metrics, "kv_cache_metrics", None)
     speculative = getattr(metrics, "speculative_decoding", None)
-    return PerfMetrics(
+    return engine.PerfMetrics(
         arrival_time_ns=_ns(getattr(timing, "arrival_time", None)),
         first_scheduled_time_ns=_ns(getattr(timing, "first_scheduled_time", None)),
         first_token_time_ns=_ns(getattr(timing, "first_token_time", None)),

@@ -91,7 +91,17 @@ class ResponseFormat(OpenAIModel):
         return self
 
 
-class _SamplingFields(OpenAIModel):
+class BookkeepingFields(OpenAIModel):
+    """Fields of OpenAI's API that are accepted and have no effect on the answer."""
+
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
+class _SamplingFields(BookkeepingFields):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -105,13 +115,7 @@ class _SamplingFields(OpenAIModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    # Accepted with no effect on the answer (bookkeeping fields of OpenAI's API).
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
+    store: bool | None = None  # accepted; nothing is stored
     # Extensions with TensorRT-LLM's names (as vLLM and trtllm-serve accept them).
     top_k: int | None = Field(None, ge=0)
     min_tokens: int | None = Field(None, ge=0)
@@ -297,18 +301,27 @@ class ChatCompletionRequest(_SamplingFields):
 # --- responses ------------------------------------------------------------------------------------
 
 
-class CompletionChoice(BaseModel):
+class _Choice(BaseModel):
     index: int = 0
-    text: str
     finish_reason: str | None
     logprobs: dict[str, Any] | None = None
 
 
-class CompletionResponse(BaseModel):
+class _Response(BaseModel):
+    """What every non-streamed answer starts with; `object` names the kind."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+
+
+class CompletionChoice(_Choice):
+    text: str
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
@@ -323,18 +336,12 @@ class AssistantMessage(BaseModel):
     reasoning: str | None = None
 
 
-class ChatChoice(BaseModel):
-    index: int = 0
+class ChatChoice(_Choice):
     message: AssistantMessage
-    finish_reason: str | None
-    logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..schemas import UINT64_MAX
-from .protocol import NAME_PATTERN, OpenAIModel
+from .protocol import NAME_PATTERN, BookkeepingFields, OpenAIModel
 
 # Tool types of the Responses API that run on OpenAI's side.
 HOSTED_TOOLS = (
@@ -42,6 +42,10 @@ class TextPart(OpenAIModel):
         return (self.refusal if self.type == "refusal" else self.text) or ""
 
 
+def _joined(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(part.value() for part in content)
+
+
 class MessageItem(OpenAIModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
@@ -51,9 +55,7 @@ class MessageItem(OpenAIModel):
     phase: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.value() for part in self.content)
+        return _joined(self.content)
 
 
 class FunctionCallItem(OpenAIModel):
@@ -73,9 +75,7 @@ class FunctionCallOutputItem(OpenAIModel):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.value() for part in self.output)
+        return _joined(self.output)
 
 
 class ReasoningText(OpenAIModel):
@@ -132,7 +132,7 @@ class TextConfig(OpenAIModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(OpenAIModel):
+class ResponsesRequest(BookkeepingFields):
     """`POST /v1/responses`."""
 
     model: str
@@ -155,13 +155,7 @@ class ResponsesRequest(OpenAIModel):
     max_tool_calls: int | None = Field(None, ge=1)
     reasoning: dict[str, Any] | None = None
     background: bool | None = None
-    # Accepted with no effect on the answer (bookkeeping fields of OpenAI's API).
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
+    prompt_cache_retention: str | None = None  # accepted with no effect on the answer
     # Extensions with the chat API's names (as vLLM accepts them on /v1/responses).
     seed: int | None = Field(None, ge=0, le=UINT64_MAX)
     top_k: int | None = Field(None, ge=0)

@@ -89,12 +89,14 @@ class MetricFamily:
 
 def _fake_pb_utils() -> types.ModuleType:
     module = types.ModuleType("triton_python_backend_utils")
-    module.Tensor = Tensor
-    module.TritonError = TritonError
-    module.InferenceResponse = InferenceResponse
-    module.Logger = Logger
-    module.MetricFamily = MetricFamily
-    module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    vars(module).update(
+        Tensor=Tensor,
+        TritonError=TritonError,
+        InferenceResponse=InferenceResponse,
+        Logger=Logger,
+        MetricFamily=MetricFamily,
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
+    )
     module.get_input_tensor_by_name = lambda request, name: request.tensors.get(name)
     module.using_decoupled_model_transaction_policy = lambda config: bool(
         config.get("model_transaction_policy", {}).get("decoupled")

@@ -9,15 +9,8 @@ import dataclasses
 from pathlib import Path
 
 import fake_tensorrt_llm
+import llmapi_harness as harness
 import pytest
-from llmapi_harness import (
-    model_module,
-    start_model,
-    text_request,
-    token_request,
-    wait_for,
-    write_version_dir,
-)
 
 MODEL_YAML = {
     "model": "/models/llama",
@@ -37,9 +30,9 @@ def fake(monkeypatch: pytest.MonkeyPatch):
 
 
 def serve(monkeypatch, tmp_path: Path, **model_yaml):
-    module = model_module(monkeypatch)
+    module = harness.model_module(monkeypatch)
     settings = {**MODEL_YAML, **model_yaml}
-    return start_model(module, write_version_dir(tmp_path, settings))
+    return harness.start_model(module, harness.write_version_dir(tmp_path, settings))
 
 
 @pytest.fixture
@@ -74,7 +67,7 @@ def test_an_unknown_llm_argument_fails_the_load(fake, monkeypatch, tmp_path) -> 
 
 
 def test_token_ids_stream_as_deltas_one_response_per_yield(model, fake) -> None:
-    request = token_request([1, 5, 9], streaming=True, sampling_param_max_tokens=4,
+    request = harness.token_request([1, 5, 9], streaming=True, sampling_param_max_tokens=4,
                             return_finish_reason=True,
                             sampling_param_exclude_input_from_output=True)  # fmt: skip
     model.execute([request])
@@ -89,13 +82,13 @@ def test_token_ids_stream_as_deltas_one_response_per_yield(model, fake) -> None:
     assert sampling_params(fake) == {"max_tokens": 4, "detokenize": False}
     assert call["sampling_params"].exclude_input_from_output is True
     # As NVIDIA's tensor (and the C++ backend's) says by default: the prompt comes first.
-    echoed = token_request([1, 5, 9], streaming=True, sampling_param_max_tokens=2)
+    echoed = harness.token_request([1, 5, 9], streaming=True, sampling_param_max_tokens=2)
     model.execute([echoed])
     assert [r["output_ids"] for r in echoed.wait()] == [[1, 5, 9, 100], [101]]
 
 
 def test_nvidias_request_gets_nvidias_text_so_far(model, fake) -> None:
-    request = text_request(
+    request = harness.text_request(
         "Hi", streaming=True, sampling_param_max_tokens=3, sampling_param_temperature=0.5,
         sampling_param_stop=["x", "y"], return_finish_reason=True, return_stop_reason=True,
         sampling_param_exclude_input_from_output=False,
@@ -117,10 +110,10 @@ def test_nvidias_request_gets_nvidias_text_so_far(model, fake) -> None:
 
 
 def test_non_streaming_requests_get_one_response(model) -> None:
-    text = text_request(
+    text = harness.text_request(
         "Hi", sampling_param_max_tokens=2, sampling_param_exclude_input_from_output=True
     )
-    ids = token_request(
+    ids = harness.token_request(
         [4], sampling_param_max_tokens=3, sampling_param_exclude_input_from_output=True
     )
     model.execute([text, ids])
@@ -129,7 +122,7 @@ def test_non_streaming_requests_get_one_response(model) -> None:
 
 
 def test_several_sequences_answer_by_sequence_index(model, fake) -> None:
-    request = token_request([4], streaming=True, sampling_param_max_tokens=2, sampling_param_n=2,
+    request = harness.token_request([4], streaming=True, sampling_param_max_tokens=2, sampling_param_n=2,
                             sampling_param_exclude_input_from_output=True)  # fmt: skip
     model.execute([request])
     responses = request.wait()
@@ -138,14 +131,14 @@ def test_several_sequences_answer_by_sequence_index(model, fake) -> None:
         by_index.setdefault(response["sequence_index"][0], []).extend(response["output_ids"])
     assert by_index == {0: [100, 101], 1: [110, 111]}
     assert sampling_params(fake)["n"] == 2
-    text = text_request("Hi", sampling_param_max_tokens=1, sampling_param_n=2,
+    text = harness.text_request("Hi", sampling_param_max_tokens=1, sampling_param_n=2,
                         sampling_param_exclude_input_from_output=True)  # fmt: skip
     model.execute([text])
     assert text.wait()[-1]["text_output"] == ["<100>", "<110>"]  # NVIDIA's: one per output
 
 
 def test_log_probs_and_their_alternatives_come_from_the_ranked_entries(model, fake) -> None:
-    request = token_request([4], streaming=True, sampling_param_max_tokens=2,
+    request = harness.token_request([4], streaming=True, sampling_param_max_tokens=2,
                             sampling_param_logprobs=3)  # fmt: skip
     model.execute([request])
     first, second = request.wait()
@@ -154,7 +147,7 @@ def test_log_probs_and_their_alternatives_come_from_the_ranked_entries(model, fa
     assert first["output_top_token_ids"] == [[100, 1100, 1101]]
     assert first["output_top_log_probs"] == [[-0.25, -1.0, -2.0]]
     assert second["output_top_token_ids"] == [[101, 1101, 1102]]
-    chosen = token_request([4], sampling_param_max_tokens=1, sampling_param_logprobs=0)
+    chosen = harness.token_request([4], sampling_param_max_tokens=1, sampling_param_logprobs=0)
     model.execute([chosen])
     (only,) = chosen.wait()
     assert only["output_log_probs"] == [-0.25] and "output_top_token_ids" not in only
@@ -171,7 +164,7 @@ def test_guides_map_to_guided_decoding_params(model, fake) -> None:
     ]  # fmt: skip
     for kind, guide, expected in cases:
         extra = {"guided_decoding_guide": guide} if guide is not None else {}
-        request = token_request([4], sampling_param_max_tokens=1,
+        request = harness.token_request([4], sampling_param_max_tokens=1,
                                 guided_decoding_guide_type=kind, **extra)  # fmt: skip
         model.execute([request])
         assert request.error() is None
@@ -182,7 +175,7 @@ def test_guides_map_to_guided_decoding_params(model, fake) -> None:
 def test_without_a_guided_decoding_backend_guides_are_refused(fake, monkeypatch, tmp_path) -> None:
     model = serve(monkeypatch, tmp_path, guided_decoding_backend=None)
     try:
-        request = token_request([4], guided_decoding_guide_type="json")
+        request = harness.token_request([4], guided_decoding_guide_type="json")
         model.execute([request])
         assert "guided_decoding_backend" in request.error()
         assert fake.calls == []  # the LLM API would have dropped the guide without a word
@@ -191,15 +184,15 @@ def test_without_a_guided_decoding_backend_guides_are_refused(fake, monkeypatch,
 
 
 def test_a_cancelled_request_is_aborted(model, fake) -> None:
-    request = token_request([4], streaming=True, sampling_param_max_tokens=100_000)
+    request = harness.token_request([4], streaming=True, sampling_param_max_tokens=100_000)
     fake.step_s = 0.01
     try:
         model.execute([request])
-        wait_for(lambda: len(request.sender.responses) >= 2)
+        harness.wait_for(lambda: len(request.sender.responses) >= 2)
         request.sender.cancel()
-        wait_for(lambda: len(fake.aborted) == 1)
+        harness.wait_for(lambda: len(fake.aborted) == 1)
         output = fake.aborted[0]
-        wait_for(lambda: output.finished)
+        harness.wait_for(lambda: output.finished)
         assert {o.finish_reason for o in output.outputs} == {"cancelled"}
     finally:
         fake.step_s = 0.001
@@ -208,11 +201,11 @@ def test_a_cancelled_request_is_aborted(model, fake) -> None:
 def test_stop_aborts_the_requests_with_its_id(model, fake) -> None:
     fake.step_s = 0.01
     try:
-        running = token_request([4], "abc", streaming=True, sampling_param_max_tokens=100_000,
+        running = harness.token_request([4], "abc", streaming=True, sampling_param_max_tokens=100_000,
                                 return_finish_reason=True)  # fmt: skip
         model.execute([running])
-        wait_for(lambda: len(running.sender.responses) >= 1)
-        stop = token_request([4], "abc", stop=True)
+        harness.wait_for(lambda: len(running.sender.responses) >= 1)
+        stop = harness.token_request([4], "abc", stop=True)
         model.execute([stop])
         assert stop.wait() == [] and stop.sender.flags_only == 1
         assert running.wait()[-1]["finish_reason"] == ["cancelled"]
@@ -222,18 +215,18 @@ def test_stop_aborts_the_requests_with_its_id(model, fake) -> None:
 
 
 def test_a_request_error_is_that_requests_error(model) -> None:
-    failing = token_request([fake_tensorrt_llm.FAIL_TOKEN], streaming=True,
+    failing = harness.token_request([fake_tensorrt_llm.FAIL_TOKEN], streaming=True,
                             sampling_param_max_tokens=10)  # fmt: skip
     model.execute([failing])
     assert "the executor failed on this request" in failing.error()
-    healthy = token_request([4], sampling_param_max_tokens=2,
+    healthy = harness.token_request([4], sampling_param_max_tokens=2,
                             sampling_param_exclude_input_from_output=True)  # fmt: skip
     model.execute([healthy])
     assert healthy.wait()[0]["output_ids"] == [100, 101]  # the model lives on
 
 
 def test_sampling_params_own_validation_is_the_requests_error(model, fake) -> None:
-    request = token_request([4], sampling_param_n=2, sampling_param_best_of=1)
+    request = harness.token_request([4], sampling_param_n=2, sampling_param_best_of=1)
     model.execute([request])
     assert "best_of" in request.error()
     assert fake.calls == []
@@ -242,7 +235,7 @@ def test_sampling_params_own_validation_is_the_requests_error(model, fake) -> No
 def test_a_lora_adapter_goes_as_a_lora_request(model, fake, tmp_path: Path) -> None:
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    request = token_request([4], sampling_param_max_tokens=1, lora_id=7, lora_name="a",
+    request = harness.token_request([4], sampling_param_max_tokens=1, lora_id=7, lora_name="a",
                             lora_path=str(adapter))  # fmt: skip
     model.execute([request])
     assert request.error() is None
@@ -253,17 +246,17 @@ def test_a_lora_adapter_goes_as_a_lora_request(model, fake, tmp_path: Path) -> N
         str(adapter),
         "hf",
     )
-    missing = token_request([4], lora_id=8, lora_name="b", lora_path=str(tmp_path / "nope"))
+    missing = harness.token_request([4], lora_id=8, lora_name="b", lora_path=str(tmp_path / "nope"))
     model.execute([missing])
     assert "does not exist" in missing.error()
-    partial = token_request([4], lora_name="b")
+    partial = harness.token_request([4], lora_name="b")
     model.execute([partial])
     assert "go together" in partial.error()
 
 
 def test_an_end_id_beside_stop_strings_becomes_a_stop_token(model, fake) -> None:
     """The LLM API tokenizes stop strings only while end_id is unset."""
-    request = token_request([4], sampling_param_max_tokens=1, sampling_param_end_id=9,
+    request = harness.token_request([4], sampling_param_max_tokens=1, sampling_param_end_id=9,
                             sampling_param_stop=["END"], sampling_param_bad=["no"],
                             sampling_param_stop_token_ids=[3])  # fmt: skip
     model.execute([request])
@@ -271,7 +264,7 @@ def test_an_end_id_beside_stop_strings_becomes_a_stop_token(model, fake) -> None
     sent = sampling_params(fake)
     assert "end_id" not in sent and sent["stop_token_ids"] == [3, 9]
     assert sent["stop"] == ["END"] and sent["bad"] == ["no"]
-    plain = token_request([4], sampling_param_max_tokens=1, sampling_param_end_id=9,
+    plain = harness.token_request([4], sampling_param_max_tokens=1, sampling_param_end_id=9,
                           sampling_param_ignore_eos=True, sampling_param_min_tokens=1)  # fmt: skip
     model.execute([plain])
     plain.wait()
@@ -280,7 +273,7 @@ def test_an_end_id_beside_stop_strings_becomes_a_stop_token(model, fake) -> None
 
 
 def test_perf_metrics_come_back_as_nvidias_outputs(model, fake) -> None:
-    request = token_request([4], sampling_param_max_tokens=1,
+    request = harness.token_request([4], sampling_param_max_tokens=1,
                             sampling_param_return_perf_metrics=True)  # fmt: skip
     model.execute([request])
     (response,) = request.wait()
