@@ -1,9 +1,12 @@
 """hf backend: a local transformers causal LM, on the CPU or, where one is present, a CUDA GPU
 (the stand-in decoding on a GPU; TensorRT-LLM is not involved).
 
-Joining requests are prefilled one by one; all other active requests decode together in ONE
-batched forward per step over one KV tensor per layer (:class:`_DecodeBatch`): rows left-padded
-to a common width, masked, with per-request position ids. The batch is kept from step to step and
+The requests that join in a step are prefilled together in one forward over their prompts,
+left-padded to the longest; all other active requests decode together in ONE batched forward per
+step over one KV tensor per layer (:class:`_DecodeBatch`): rows left-padded to a common width,
+masked, with per-request position ids. Prefilling joiners one by one made a step's time grow with
+how many requests happened to arrive together: a closed-loop client whose requests start and end
+in step had 64 forwards in one step, the same load spread over time one or two per step. The batch is kept from step to step and
 only changes where requests join or leave, with a few tensor operations per layer whatever the
 batch size: padding and splitting every request's cache at every step cost thousands of small
 operations per step on a 64-request batch, the engine's whole CPU budget on a GPU. Torch and
@@ -203,15 +206,19 @@ class HFBackend:
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
         rows: list[torch.Tensor] = [None] * len(batch)  # type: ignore[list-item]
+        joining: list[int] = []
         decoding: list[GenRequest] = []
         positions: list[int] = []
         for i, req in enumerate(batch):
-            state: _SeqState = req.backend_state  # type: ignore[assignment]
-            if not state.prefilled:
-                rows[i] = self._prefill(req, state)
+            if not req.backend_state.prefilled:  # type: ignore[union-attr]
+                joining.append(i)
             else:
                 decoding.append(req)
                 positions.append(i)
+        if joining:
+            prefilled = self._prefill([batch[i] for i in joining])
+            for i, logits in zip(joining, prefilled, strict=True):
+                rows[i] = logits
         if decoding:
             for i, logits in zip(positions, self._decode(decoding), strict=True):
                 rows[i] = logits
@@ -236,16 +243,40 @@ class HFBackend:
         return results
 
     # -- model calls ---------------------------------------------------------------------------
-    def _prefill(self, req: GenRequest, state: _SeqState) -> torch.Tensor:
+    def _prefill(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
+        """One forward over the prompts of the requests joining in this step, each left-padded
+        to the longest (masked, with its own position ids); each keeps its own slice of the
+        cache until it joins the decode batch. The last position's logits of each, on the CPU."""
         from transformers import DynamicCache
 
-        ids = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
-        state.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        state.length = len(req.prompt)
-        state.prefilled = True
-        # Sampling runs on the CPU with the request's own seeded generator.
-        return out.logits[0, -1].float().cpu()
+        lengths = [len(req.prompt) for req in reqs]
+        width = max(lengths)
+        ids = torch.zeros((len(reqs), width), dtype=torch.long)
+        mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        for row, (req, length) in enumerate(zip(reqs, lengths, strict=True)):
+            ids[row, width - length :] = torch.tensor(req.prompt, dtype=torch.long)
+            mask[row, width - length :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        device = self.device
+        out = self.model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            past_key_values=DynamicCache(),
+            use_cache=True,
+        )
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        for row, (req, length) in enumerate(zip(reqs, lengths, strict=True)):
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            state.kv = [
+                (k[row : row + 1, :, width - length :], v[row : row + 1, :, width - length :])
+                for k, v in layers
+            ]
+            state.length = length
+            state.prefilled = True
+        # Sampling runs on the CPU with each request's own seeded generator.
+        last = out.logits[:, -1].float().cpu()  # one copy for all of them
+        return list(last)
 
     def _decode(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
         """One batched forward of each request's last token over the decode batch's caches."""

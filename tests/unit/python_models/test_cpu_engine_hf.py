@@ -1,5 +1,5 @@
-"""hf backend on the demo checkpoint: greedy equals transformers generate(), batched decode equals
-unbatched, seeded sampling is reproducible, log probs are real; demo tokenizer round-trips."""
+"""hf backend on the demo checkpoint: greedy equals transformers generate(), batched prefill and
+decode equal unbatched, seeded sampling is reproducible, log probs are real; demo tokenizer round-trips."""
 
 from __future__ import annotations
 
@@ -70,6 +70,24 @@ def test_batched_decode_equals_unbatched(scheduler, demo_tokenizer):
         alone.extend(run_to_end(scheduler, [make_request(p, NEW_TOKENS)]))
     together = run_to_end(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
     assert together == alone
+
+
+def test_requests_joining_together_share_one_prefill(scheduler, backend, demo_tokenizer):
+    prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
+    alone = [run_to_end(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
+    widths: list[tuple[int, int]] = []
+
+    def record(_module, _args, kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+
+    hook = backend.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        together = run_to_end(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
+    finally:
+        hook.remove()
+    assert together == alone
+    prefills = [shape for shape in widths if shape[1] > 1]
+    assert prefills == [(len(prompts), max(len(p) for p in prompts))]
 
 
 def test_staggered_joins_equal_unbatched(scheduler, demo_tokenizer):
