@@ -258,6 +258,7 @@ def test_model_unload_without_the_secret_is_refused(throwaway_triton) -> None:
     """What a process on the host's loopback (a sidecar in the pod) could do to the model."""
     control = throwaway_triton.control
     http = throwaway_triton.http_url
+    pid = throwaway_triton.pid
     with grpcclient.InferenceServerClient(throwaway_triton.grpc_url) as client:
         with pytest.raises(InferenceServerException, match="restricted"):
             client.unload_model("echo")
@@ -276,6 +277,11 @@ def test_model_unload_without_the_secret_is_refused(throwaway_triton) -> None:
         assert unloaded.status_code == 200, unloaded.text
         assert wait_for(lambda: not client.is_model_ready("echo"), 10)
         client.load_model("echo", headers=control.grpc_headers)
+    # An unload ends the model's stub, which the supervisor cannot tell from a stub that died: it
+    # restarts tritonserver (the service itself never unloads a model). Wait for that restart,
+    # so that the tests after this one meet a settled server.
+    assert wait_for(lambda: throwaway_triton.pid not in (pid, None), 60)
+    assert throwaway_triton.wait_ready(60)
     assert echo(throwaway_triton.grpc_url, [3.0]) == [6.0]
 
 
