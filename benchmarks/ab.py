@@ -58,6 +58,7 @@ class Side:
     processes: Processes
     model: PackedModel | None = None
     service: Service | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of its service
 
     def process_tree_cpu_s(self) -> tuple[float, float]:
         """CPU seconds so far of (the BentoML processes, tritonserver with its stubs)."""
@@ -102,8 +103,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=16, help="unmeasured requests per target")
+    parser.add_argument(
+        "--workflow",
+        choices=("engine", "llmapi"),
+        default="engine",
+        help="how both sides pack the synthetic engine: in the tensorrt_llm slot "
+        "(route direct) or behind the llmapi model (route llmapi)",
+    )
+    parser.add_argument(
+        "--base-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable of the base side's service (repeatable)",
+    )
+    parser.add_argument(
+        "--candidate-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable of the candidate's service (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="result file (default benchmarks/results/...)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("base_env", "candidate_env"):
+        pairs = [item.partition("=") for item in getattr(args, name)]
+        if any(not key or not sep for key, sep, _ in pairs):
+            parser.error(f"--{name.replace('_', '-')} takes KEY=VALUE")
+        setattr(args, name, {key: value for key, _, value in pairs})
+    return args
 
 
 @contextlib.contextmanager
@@ -122,19 +150,23 @@ def checkout(ref: str, parent: Path) -> Iterator[Path]:
         )
 
 
-def pack(side: Side, args: argparse.Namespace) -> PackedModel:
+def pack(side: Side, args: argparse.Namespace, workflow: str = "engine") -> PackedModel:
     """The synthetic model, packed by this side's own pack_model.py."""
     processes = side.processes
     pack_args = (
         "--synthetic", "--itl-ms", str(args.itl_ms), "--max-batch-size", str(args.concurrency),
-        "--max-seq-len", str(max(2048, args.max_tokens + 1100)),
+        "--max-seq-len", str(max(2048, args.max_tokens + 1100)), "--workflow", workflow,
     )  # fmt: skip
     return processes.pack(*pack_args, name=f"ab-{side.name}", root=side.root)
 
 
 def start_service(side: Side) -> Service:
     assert side.model is not None
-    env = {"TRTLLM_MODEL": side.model.tag, "TRTLLM_TRITON_GRPC_PORT": str(find_free_port())}
+    env = {
+        **side.env,
+        "TRTLLM_MODEL": side.model.tag,
+        "TRTLLM_TRITON_GRPC_PORT": str(find_free_port()),
+    }
     service = side.processes.start_service(f"ab-{side.name}", "service:TRTLLM", side.root, env)
     service.triton_grpc_url = f"127.0.0.1:{env['TRTLLM_TRITON_GRPC_PORT']}"
     return service
@@ -201,7 +233,8 @@ def report(rounds: Rounds, sides: Sequence[Side]) -> str:
         )
         lines.append(f"  {target + ' / ' + reference:<29}{spread(rate):<32}{deltas}")
     for side in sides:
-        lines.append(f"{side.name}: {side.ref}")
+        env = " ".join(f"{key}={value}" for key, value in side.env.items())
+        lines.append(f"{side.name}: {side.ref}" + (f" ({env})" if env else ""))
     return "\n".join(lines)
 
 
@@ -211,7 +244,7 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
     prompts = build_prompts(reference.model.root, args.max_tokens)
     prompts = await add_reference_texts(triton.grpc_url, prompts, ["ensemble"], args.max_tokens)
     rounds = Rounds()
-    direct = bench_clients.GrpcDirect(triton.grpc_url, args.max_tokens, pad_id=2)
+    direct = bench_clients.TritonDirect(triton.grpc_url, args.max_tokens, pad_id=2)
     ensemble = bench_clients.GrpcEnsemble(triton.grpc_url, args.max_tokens)
     http = bench_clients.http_client(args.concurrency)
     targets: list[tuple[str, bench_clients.RequestFn, Side | None]] = [
@@ -259,12 +292,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             Side("candidate", candidate_ref, candidate_root,
                  stack.enter_context(Processes(work / "candidate"))),
         ]  # fmt: skip
-        # The references run on this checkout's code, with a model this checkout packed.
+        # The references run on this checkout's code, with an engine-workflow model (the whole
+        # inflight_batcher_llm repository) this checkout packed.
         reference = Side("reference", "this checkout", ROOT, Processes(work / "reference"))
         stack.enter_context(reference.processes)
         reference.model = pack(reference, args)
         for side in sides:
-            side.model = pack(side, args)
+            side.env = args.base_env if side.name == "base" else args.candidate_env
+            side.model = pack(side, args, args.workflow)
             side.service = start_service(side)
             print(
                 f"{side.name} ({side.ref}) ready in {side.service.cold_start_s:.1f} s", flush=True
@@ -275,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = {
             "settings": vars(args) | {"json": str(args.json) if args.json else None},
             "sides": {side.name: side.ref for side in sides},
+            "environments": {"base": args.base_env, "candidate": args.candidate_env},
             "rounds": {
                 target: [
                     m.summary.as_dict()

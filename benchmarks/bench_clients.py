@@ -2,7 +2,7 @@
 
 Every client turns one request into a :class:`RequestRecord`; failures are recorded, never
 raised, so one bad request does not end a run. Token counting per target:
-- grpc_direct: tokens in output_ids of each `tensorrt_llm` response;
+- grpc_direct / http_direct: tokens in output_ids of each `tensorrt_llm` response;
 - triton_generate_stream: one token per SSE event (the synthetic engine sends one per step);
 - native / baseline: text chunks, checked against the text the engine must produce;
 - openai: completion_tokens of the include_usage chunk, and the text is checked as well.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
-from tritonclient.grpc import InferResult
 
+from tensorrtllm_backend.common.engine_api import EngineResult
 from tensorrtllm_backend.serving.routes.direct import new_token_ids
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
@@ -122,13 +122,14 @@ def exact_length_tensors(ids: Sequence[int], max_tokens: int, pad_id: int) -> di
     }
 
 
-class GrpcDirect:
-    """The service's own gRPC client (TritonLLMClient: one shared channel, the same call) with
-    nothing in front of it, like a lean in-process caller: what the service adds is then only
-    what it does besides talking to Triton."""
+class TritonDirect:
+    """The service's own Triton client (TritonLLMClient: the same calls) with nothing in front
+    of it, like a lean in-process caller: what the service adds is then only what it does
+    besides talking to Triton. gRPC only (`grpc_direct`, the floor the goals compare with), or
+    with `http_url` HTTP generate_stream as the service sends these requests (`http_direct`)."""
 
-    def __init__(self, url: str, max_tokens: int, pad_id: int) -> None:
-        self.client = TritonLLMClient(url)
+    def __init__(self, url: str, max_tokens: int, pad_id: int, http_url: str | None = None) -> None:
+        self.client = TritonLLMClient(url, http_url=http_url)
         self.max_tokens = max_tokens
         self.pad_id = pad_id
         self._count = 0
@@ -144,7 +145,7 @@ class GrpcDirect:
         self,
         tensors: Mapping[str, np.ndarray],
         outputs: Sequence[str],
-        on_result: Callable[[InferResult], None] | None = None,
+        on_result: Callable[[EngineResult], None] | None = None,
     ) -> RequestRecord:
         """One request with these inputs; `on_result` sees every response."""
         self._count += 1
@@ -172,7 +173,7 @@ class GrpcDirect:
 
 class GrpcEnsemble:
     """Text through NVIDIA's `ensemble` over gRPC, as a client of Triton's own API sends it (the
-    same channel and call as GrpcDirect): one token per streamed response, the text checked
+    same channel and call as TritonDirect): one token per streamed response, the text checked
     against the ensemble's reference answer. No request id, as that reference was taken: the
     postprocessing then decodes each response alone, NVIDIA's own behaviour."""
 
@@ -194,8 +195,8 @@ class GrpcEnsemble:
         parts: list[str] = []
         try:
             async for result in self.client.stream("ensemble", tensors, ("text_output",), ""):
-                output = result.as_numpy("text_output")
-                text = output.reshape(-1)[0].decode("utf-8", "replace") if output.size else ""
+                output = result.values("text_output")
+                text = output[0] if output else ""
                 if text:
                     now = time.perf_counter()
                     record.first_output = record.first_output or now

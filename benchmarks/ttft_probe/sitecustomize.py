@@ -50,9 +50,9 @@ def read_engine_marks(result: Any, offset_s: float, marks: dict[str, Any]) -> No
     """The engine's timestamps in a response (the final one carries them) into `marks`, as
     perf_counter seconds; offset_s = time.time() - time.perf_counter()."""
     for output, mark in ENGINE_MARKS.items():
-        value = result.as_numpy(output)
-        if value is not None and value.size:
-            marks[mark] = int(value.reshape(-1)[0]) / 1e9 - offset_s
+        value = result.values(output)
+        if value:
+            marks[mark] = int(value[0]) / 1e9 - offset_s
 
 
 _marks: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(

@@ -1,9 +1,10 @@
 """What the request path needs from the inference server, and the errors it answers with.
 
 :class:`~tensorrtllm_backend.serving.generation.Generator`, the native API and the OpenAI
-adapter see only :class:`InferenceEngine` and these error types: the gRPC client
-(:mod:`tensorrtllm_backend.triton.client`) implements the interface and maps gRPC statuses and Triton error messages to the errors, so nothing above it
-depends on gRPC or on how tritonserver words its failures.
+adapter see only :class:`InferenceEngine`, the :class:`EngineResult` of each response and these
+error types: the Triton client (:mod:`tensorrtllm_backend.triton.client`) implements the interface
+over gRPC and HTTP and maps their statuses and Triton's error messages to the errors, so nothing
+above it depends on a transport or on how tritonserver words its failures.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
-    from tritonclient.grpc import InferResult
 
 # How many more responses a stream handed to InferenceEngine.let_finish may take to end on its
 # own, and for how long, before it is cancelled after all.
@@ -57,6 +57,15 @@ class EngineInstanceDeadError(EngineUnavailableError):
 Tensors: TypeAlias = "Mapping[str, np.ndarray]"
 
 
+class EngineResult(Protocol):
+    """One streamed response of a request."""
+
+    def values(self, name: str) -> list[Any] | None:
+        """The output `name`'s values, flattened (ints, floats, bools or strings as its
+        datatype is); None when the response does not carry it."""
+        ...
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """Streaming inference against one inference server, shared by all requests.
@@ -69,9 +78,10 @@ class InferenceEngine(Protocol):
 
     def stream(
         self, model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str
-    ) -> AsyncGenerator[InferResult, None]:
+    ) -> AsyncGenerator[EngineResult, None]:
         """Each response of one (decoupled) request; closing the generator early cancels the
-        request. Failures raise :class:`EngineError` subclasses."""
+        request. Failures raise :class:`EngineError` subclasses. `outputs` names the outputs
+        the caller reads; a transport may return more."""
         ...
 
     def let_finish(

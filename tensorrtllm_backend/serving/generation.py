@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
-from ..common.engine_api import DRAIN_RESPONSES, EngineModelError, InferenceEngine
+from ..common.engine_api import (
+    DRAIN_RESPONSES,
+    EngineModelError,
+    EngineResult,
+    InferenceEngine,
+)
 from ..common.engine_config import EngineInfo
 from ..common.guides import GuideCompiler, GuideError, check_guide_present
 from ..common.lora import LoraAdapter, LoraRegistry
@@ -316,7 +320,7 @@ class Generator:
         failure: BaseException | None = None
         results = self._results(request)
         results_open = True
-        result: InferResult | None = None
+        result: EngineResult | None = None
         try:
             if not params.exclude_input_in_output:
                 for sequence in sequences:
@@ -363,7 +367,7 @@ class Generator:
 
     async def _release(
         self,
-        results: AsyncGenerator[InferResult, None],
+        results: AsyncGenerator[EngineResult, None],
         sequences: list[_Sequence],
         max_tokens: int,
     ) -> None:
@@ -379,7 +383,7 @@ class Generator:
     def _sequence(self, index: int, params: SamplingParams) -> _Sequence:
         return _Sequence(index, self.path.decoder(params), StopStringMatcher(params.stop))
 
-    def _results(self, request: PreparedRequest) -> AsyncGenerator[InferResult, None]:
+    def _results(self, request: PreparedRequest) -> AsyncGenerator[EngineResult, None]:
         """The Triton stream of a request (with the LoRA cache protocol when it names one)."""
         if request.lora is None:
             tensors, outputs = self._triton_inputs(request, False)
@@ -388,7 +392,7 @@ class Generator:
 
     async def _results_with_lora(
         self, request: PreparedRequest, adapter: LoraAdapter
-    ) -> AsyncGenerator[InferResult, None]:
+    ) -> AsyncGenerator[EngineResult, None]:
         """Weights go with an adapter's first request; one evicted from the backend's cache is
         sent again with its weights."""
         # The llmapi model reads an adapter from its path: no weights travel, no cache to refill.

@@ -13,9 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
-from ..common.engine_api import EngineModelError
+from ..common.engine_api import EngineModelError, EngineResult
 from .schemas import LOG_PROB_FLOOR, SamplingParams, TopLogProbs
 
 NO_END_ID = -1  # TensorRT-LLM's "never stop on an end token"
@@ -134,35 +133,42 @@ def engine_stop_words(stops: Sequence[str]) -> list[str]:
     return list(words)
 
 
-def sequence_index(result: InferResult) -> int:
+def sequence_index(result: EngineResult) -> int:
     """Which of the request's sequences a response belongs to (0 when not returned)."""
-    response = result.get_response()
-    for index, output in enumerate(response.outputs):
-        if output.name == "sequence_index":
-            raw = response.raw_output_contents[index]
-            return int.from_bytes(raw[:4], "little", signed=True) if raw else 0
-    return 0
+    index = result.values("sequence_index")
+    return int(index[0]) if index else 0
 
 
-def response_log_probs(result: InferResult, count: int) -> list[float]:
+def _floored(values: list[float]) -> list[float]:
+    return [value if value > LOG_PROB_FLOOR else LOG_PROB_FLOOR for value in values]
+
+
+def response_log_probs(result: EngineResult, count: int) -> list[float]:
     """The last `count` per-token log probs of beam 0 (empty when not requested)."""
-    log_probs = result.as_numpy("output_log_probs")
-    if log_probs is None or log_probs.size == 0 or count <= 0:
+    log_probs = result.values("output_log_probs")
+    if not log_probs or count <= 0:
         return []
-    return np.maximum(log_probs.reshape(-1)[-count:], LOG_PROB_FLOOR).astype(float).tolist()
+    return _floored(log_probs[-count:])
 
 
-def response_top_log_probs(result: InferResult, count: int, k: int) -> list[TopLogProbs]:
+def response_top_log_probs(result: EngineResult, count: int, k: int) -> list[TopLogProbs]:
     """The alternatives of the last `count` tokens of beam 0: k ids and log probs each. An
     engine that sent fewer than asked for is an error, never a shorter list."""
-    ids = result.as_numpy(TOP_OUTPUTS[0])
-    values = result.as_numpy(TOP_OUTPUTS[1])
+    ids = result.values(TOP_OUTPUTS[0])
+    values = result.values(TOP_OUTPUTS[1])
     if count <= 0:
         return []
-    if ids is None or values is None or ids.size < count * k or ids.shape[-1] != k:
+    if (
+        ids is None
+        or values is None
+        or len(ids) < count * k
+        or len(ids) % k
+        or len(ids) != len(values)
+    ):
         raise EngineModelError(
             f"the engine returned no {k} alternatives for each of its {count} new tokens"
         )
-    rows = ids.reshape(-1, k)[-count:].tolist()
-    floored = np.maximum(values.reshape(-1, k)[-count:], LOG_PROB_FLOOR).astype(float).tolist()
-    return list(zip(rows, floored, strict=True))
+    start = len(ids) - count * k
+    return [
+        (ids[row : row + k], _floored(values[row : row + k])) for row in range(start, len(ids), k)
+    ]

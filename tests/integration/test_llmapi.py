@@ -264,15 +264,19 @@ def test_openai_chat_completions_answer(server: BentoServer, llmapi_model: str) 
     assert streamed == answer.choices[0].message.content
 
 
+TOKEN_OUTPUTS = ("output_ids", "output_top_token_ids", "finish_reason")
+
+
 async def _token_call(url: str, **tensors: np.ndarray) -> list[dict[str, list]]:
-    """One token-id request through the service's own client; every response's outputs."""
+    """One token-id request through the service's own client (gRPC); every response's
+    TOKEN_OUTPUTS, flattened."""
     from tensorrtllm_backend.triton.client import TritonLLMClient
 
     client = TritonLLMClient(url)
     try:
         return [
-            {o.name: result.as_numpy(o.name).tolist() for o in result.get_response().outputs}
-            async for result in client.stream("tensorrt_llm", tensors, [], "ids")
+            {name: result.values(name) for name in TOKEN_OUTPUTS}
+            async for result in client.stream("tensorrt_llm", tensors, TOKEN_OUTPUTS, "ids")
         ]
     finally:
         await client.close()
@@ -300,9 +304,10 @@ def test_token_ids_in_deltas_out(triton: str, llmapi_model: str) -> None:
     )
     ids = [token for response in responses for token in response["output_ids"]]
     assert len(ids) == 12 and len(responses) == 12
-    assert all(len(r["output_top_token_ids"]) == len(r["output_ids"]) for r in responses)
-    assert all(r["output_top_token_ids"][0][0] == r["output_ids"][0] for r in responses)  # greedy
-    assert [r["finish_reason"] for r in responses][-1] == [b"length"]
+    # Two alternatives per new token, the chosen (greedy) one first.
+    assert all(len(r["output_top_token_ids"]) == 2 * len(r["output_ids"]) for r in responses)
+    assert all(r["output_top_token_ids"][0] == r["output_ids"][0] for r in responses)
+    assert [r["finish_reason"] for r in responses][-1] == ["length"]
     text = asyncio.run(_call(triton, streaming=False))[0]["text_output"]
     assert tokenizer.decode(ids) == text
 

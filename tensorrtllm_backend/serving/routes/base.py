@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
+from ...common.engine_api import EngineResult
 from ..schemas import FinishReason, SamplingParams, TopLogProbs
 from ..translation import LoraTensors
 
@@ -42,7 +42,7 @@ Decoded = tuple[str, list[int], int, list[float] | None, list[TopLogProbs] | Non
 class Decoder(Protocol):
     """Turns one sequence's responses into text as it becomes final."""
 
-    def __call__(self, result: InferResult) -> Decoded: ...
+    def __call__(self, result: EngineResult) -> Decoded: ...
 
     def flush(self) -> str:
         """Text held back (a partial character) once the stream ended."""
@@ -97,20 +97,16 @@ class EngineRoute:
         """A decoder for one of the request's sequences."""
         raise NotImplementedError
 
-    def cached_tokens(self, last: InferResult) -> int:
+    def cached_tokens(self, last: EngineResult) -> int:
         """Prompt tokens the engine found in its KV cache, read from a request's last response
         (0: this engine does not tell): the LLM API model's `cached_tokens` output."""
         return output_int(last, "cached_tokens") or 0
 
 
-def output_int(result: InferResult, name: str) -> int | None:
-    """A scalar INT32 output of a response, if it carries one."""
-    response = result.get_response()
-    for index, output in enumerate(response.outputs):
-        if output.name == name:
-            raw = response.raw_output_contents[index]
-            return int.from_bytes(raw[:4], "little", signed=True) if raw else None
-    return None
+def output_int(result: EngineResult, name: str) -> int | None:
+    """A scalar integer output of a response, if it carries one."""
+    values = result.values(name)
+    return int(values[0]) if values else None
 
 
 class StepDecoder:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
+from ...common.engine_api import EngineResult
 from ...common.tokenization import IncrementalDetokenizer, encode_word_lists
 from ..request_errors import RequestError
 from ..schemas import SamplingParams
@@ -76,27 +76,19 @@ def direct_outputs(params: SamplingParams) -> list[str]:
     return ["output_ids", "sequence_length", *optional_outputs(params)]
 
 
-def new_token_ids(result: InferResult) -> list[int]:
+def new_token_ids(result: EngineResult) -> list[int]:
     """Tokens of beam 0 in one streamed response: `output_ids` ([batch, beam, n] from
-    ``tensorrt_llm``, [n] from the llmapi model), cut to `sequence_length` where it is sent.
-
-    Read straight from the raw output bytes: this runs once per token, and building numpy
-    arrays through ``as_numpy`` costs more than the few int32 values inside. Triton's raw
-    tensors are little-endian, as is every platform TensorRT-LLM runs on.
-    """
-    response = result.get_response()
-    ids = lengths = None
-    beam_len = 0
-    for index, output in enumerate(response.outputs):
-        if output.name == "output_ids":
-            ids = response.raw_output_contents[index]
-            beam_len = output.shape[-1] if output.shape else 0
-        elif output.name == "sequence_length":
-            lengths = response.raw_output_contents[index]
-    if not ids or not beam_len:
+    ``tensorrt_llm``, [n] from the llmapi model), cut to beam 0's `sequence_length` where it is
+    sent. Outputs arrive flattened; `sequence_length` has one value per beam, so beam 0's ids
+    are the first n = len(ids) / beams."""
+    ids = result.values("output_ids")
+    if not ids:
         return []
-    count = beam_len if lengths is None else int.from_bytes(lengths[:4], "little", signed=True)
-    return memoryview(ids).cast("i")[: min(count, beam_len)].tolist()
+    lengths = result.values("sequence_length")
+    if not lengths:
+        return ids
+    width = len(ids) // len(lengths)
+    return ids[: min(int(lengths[0]), width)]
 
 
 class DirectDecoder(StepDecoder):
@@ -108,7 +100,7 @@ class DirectDecoder(StepDecoder):
         self._want_log_probs = want_log_probs
         self._top = top_log_probs
 
-    def __call__(self, result: InferResult) -> Decoded:
+    def __call__(self, result: EngineResult) -> Decoded:
         ids = new_token_ids(result)
         count = len(ids)
         log_probs = response_log_probs(result, count) if self._want_log_probs else None
@@ -148,7 +140,7 @@ class DirectRoute(EngineRoute):
             outputs.append(REUSED_BLOCKS)
         return tensors, outputs
 
-    def cached_tokens(self, last: InferResult) -> int:
+    def cached_tokens(self, last: EngineResult) -> int:
         """The C++ backend's reused KV-cache blocks x the engine's block size."""
         blocks = output_int(last, REUSED_BLOCKS)
         return blocks * self.tokens_per_block if blocks and self.tokens_per_block else 0

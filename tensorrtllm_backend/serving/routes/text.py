@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
+from ...common.engine_api import EngineResult
 from ..schemas import SamplingParams
 from ..translation import (
     NO_END_ID,
@@ -63,12 +63,9 @@ def text_outputs(params: SamplingParams) -> list[str]:
     return ["text_output", *optional_outputs(params)]
 
 
-def response_text(result: InferResult) -> str:
-    output = result.as_numpy("text_output")
-    if output is None or output.size == 0:
-        return ""
-    value = output.reshape(-1)[0]
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+def response_text(result: EngineResult) -> str:
+    text = result.values("text_output")
+    return str(text[0]) if text else ""
 
 
 class TextDecoder(StepDecoder):
@@ -82,7 +79,7 @@ class TextDecoder(StepDecoder):
         self._want_log_probs = want_log_probs
         self._pending = 0
 
-    def __call__(self, result: InferResult) -> Decoded:
+    def __call__(self, result: EngineResult) -> Decoded:
         text = response_text(result)
         if not text:
             self._pending += 1

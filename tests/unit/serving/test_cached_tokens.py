@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
+from triton_results import grpc_result
 
+from tensorrtllm_backend.common.engine_api import EngineResult
 from tensorrtllm_backend.common.engine_config import EngineInfo
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
@@ -27,17 +28,14 @@ from tensorrtllm_backend.serving.schemas import SamplingParams
 BLOCK = 64
 
 
-def response(ids: list[int], **scalars: int) -> InferResult:
+def response(ids: list[int], **scalars: int) -> EngineResult:
     """A tensorrt_llm response: new token ids, their count, and INT32 scalars (perf metrics)."""
-    message = service_pb2.ModelInferResponse(model_name="tensorrt_llm")
-    message.outputs.add(name="output_ids", datatype="INT32", shape=[1, 1, len(ids)])
-    message.raw_output_contents.append(np.asarray(ids, "<i4").tobytes())
-    message.outputs.add(name="sequence_length", datatype="INT32", shape=[1, 1])
-    message.raw_output_contents.append(np.asarray([len(ids)], "<i4").tobytes())
-    for name, value in scalars.items():
-        message.outputs.add(name=name, datatype="INT32", shape=[1, 1])
-        message.raw_output_contents.append(np.asarray([value], "<i4").tobytes())
-    return InferResult(message)
+    outputs = {
+        "output_ids": np.asarray([[ids]], np.int32),
+        "sequence_length": np.asarray([[len(ids)]], np.int32),
+        **{name: np.asarray([[value]], np.int32) for name, value in scalars.items()},
+    }
+    return grpc_result(**outputs)
 
 
 class ScriptedEngine:
@@ -46,14 +44,14 @@ class ScriptedEngine:
     open_streams = 0
     responses_received = 0
 
-    def __init__(self, responses: list[InferResult]) -> None:
+    def __init__(self, responses: list[EngineResult]) -> None:
         self.responses = responses
         self.requests: list[tuple[Mapping[str, np.ndarray], Sequence[str]]] = []
 
     async def stream(
         self, model_name: str, tensors: Mapping[str, np.ndarray], outputs: Sequence[str],
         request_id: str,
-    ) -> AsyncGenerator[InferResult, None]:  # fmt: skip
+    ) -> AsyncGenerator[EngineResult, None]:  # fmt: skip
         self.requests.append((tensors, outputs))
         for result in self.responses:
             yield result

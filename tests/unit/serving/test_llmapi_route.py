@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
+from triton_results import TRANSPORTS, result
 
 from tensorrtllm_backend.common.model_repository import parse_config
 from tensorrtllm_backend.packing.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
@@ -66,17 +66,8 @@ def test_unset_fields_are_not_sent() -> None:
     ].tolist() == [0]
 
 
-def response(**outputs: np.ndarray) -> InferResult:
-    """A ModelInferResponse as tritonserver sends it for the llmapi model."""
-    message = service_pb2.ModelInferResponse(model_name="tensorrt_llm")
-    datatypes = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
-    for name, value in outputs.items():
-        message.outputs.add(name=name, datatype=datatypes[value.dtype], shape=list(value.shape))
-        message.raw_output_contents.append(value.astype(value.dtype.newbyteorder("<")).tobytes())
-    return InferResult(message)
-
-
-def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer, transport: str) -> None:
     ids = demo_tokenizer.encode(" upon a time", add_special_tokens=False)
     decoder = DirectDecoder(demo_tokenizer, want_log_probs=True, top_log_probs=2)
     pieces = []
@@ -84,7 +75,8 @@ def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer) -> None:
         top_ids = np.array([[token, 7]], np.int32)
         top_values = np.array([[-0.1, -np.inf]], np.float32)
         text, got, count, log_probs, top = decoder(
-            response(
+            result(
+                transport,
                 output_ids=np.array([token], np.int32),
                 sequence_index=np.array([0], np.int32),
                 output_log_probs=np.array([-0.1 * position], np.float32),
@@ -99,13 +91,15 @@ def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer) -> None:
     assert "".join(pieces) + decoder.flush() == " upon a time"
 
 
-def test_fewer_alternatives_than_asked_for_is_an_error(demo_tokenizer) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fewer_alternatives_than_asked_for_is_an_error(demo_tokenizer, transport: str) -> None:
     from tensorrtllm_backend.common.engine_api import EngineModelError
 
     decoder = DirectDecoder(demo_tokenizer, want_log_probs=True, top_log_probs=3)
     with pytest.raises(EngineModelError, match="3 alternatives"):
         decoder(
-            response(
+            result(
+                transport,
                 output_ids=np.array([5], np.int32),
                 output_log_probs=np.array([-0.5], np.float32),
                 output_top_token_ids=np.array([[5, 6]], np.int32),
