@@ -244,7 +244,7 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
     prompts = build_prompts(reference.model.root, args.max_tokens)
     prompts = await add_reference_texts(triton.grpc_url, prompts, ["ensemble"], args.max_tokens)
     rounds = Rounds()
-    direct = bench_clients.TritonDirect(triton.grpc_url, args.max_tokens, pad_id=2)
+    direct = bench_clients.GrpcDirect(triton.grpc_url, args.max_tokens, pad_id=2)
     ensemble = bench_clients.GrpcEnsemble(triton.grpc_url, args.max_tokens)
     http = bench_clients.http_client(args.concurrency)
     targets: list[tuple[str, bench_clients.RequestFn, Side | None]] = [

@@ -2,7 +2,7 @@
 
 Every client turns one request into a :class:`RequestRecord`; failures are recorded, never
 raised, so one bad request does not end a run. Token counting per target:
-- grpc_direct / http_direct: tokens in output_ids of each `tensorrt_llm` response;
+- grpc_direct: tokens in output_ids of each `tensorrt_llm` response;
 - triton_generate_stream: one token per SSE event (the synthetic engine sends one per step);
 - native / baseline: text chunks, checked against the text the engine must produce;
 - openai: completion_tokens of the include_usage chunk, and the text is checked as well.
@@ -122,14 +122,13 @@ def exact_length_tensors(ids: Sequence[int], max_tokens: int, pad_id: int) -> di
     }
 
 
-class TritonDirect:
-    """The service's own Triton client (TritonLLMClient: the same calls) with nothing in front
-    of it, like a lean in-process caller: what the service adds is then only what it does
-    besides talking to Triton. gRPC only (`grpc_direct`, the floor the goals compare with), or
-    with `http_url` HTTP generate_stream as the service sends these requests (`http_direct`)."""
+class GrpcDirect:
+    """The service's own gRPC client (TritonLLMClient: one shared channel, the same call) with
+    nothing in front of it, like a lean in-process caller: what the service adds is then only
+    what it does besides talking to Triton."""
 
-    def __init__(self, url: str, max_tokens: int, pad_id: int, http_url: str | None = None) -> None:
-        self.client = TritonLLMClient(url, http_url=http_url)
+    def __init__(self, url: str, max_tokens: int, pad_id: int) -> None:
+        self.client = TritonLLMClient(url)
         self.max_tokens = max_tokens
         self.pad_id = pad_id
         self._count = 0
@@ -173,7 +172,7 @@ class TritonDirect:
 
 class GrpcEnsemble:
     """Text through NVIDIA's `ensemble` over gRPC, as a client of Triton's own API sends it (the
-    same channel and call as TritonDirect): one token per streamed response, the text checked
+    same channel and call as GrpcDirect): one token per streamed response, the text checked
     against the ensemble's reference answer. No request id, as that reference was taken: the
     postprocessing then decodes each response alone, NVIDIA's own behaviour."""
 

@@ -11,8 +11,9 @@ Phases (results go to DIR/gpu_host.json after each one):
 - workers: the service's /generate and /v1/completions at the same cell, for each --workers
   count, on --engine-instances engine instances: tokens/s, TTFT p50/p99, CPU of the service
   (BentoML processes), of tritonserver with its stubs, and of the load generator.
-- cells: stream_bench.py --cells 20:128,5:512 (--cells) --targets grpc_direct,native,openai --rounds 2 for
-  each --cells-workers count (its JSON is folded in).
+- cells: stream_bench.py --cells 20:128,5:512 (--cells) --targets grpc_direct,native,openai
+  (--cells-targets) --routes direct (--cells-routes) --rounds 2 for each --cells-workers count (its
+  JSON is folded in).
 - breakdown: ttft_breakdown.py at ITL 20 ms, C=128 on this machine.
 - demo: pack_model --demo --demo-size 1b (random weights, hf mode: transformers on CUDA when a
   GPU is present, the project's stand-in, not TensorRT-LLM); Triton gRPC directly vs the
@@ -74,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cells", default="20:128,5:512", help="cells: stream_bench.py --cells")
     add("--cells-workers", type=_ints, default=[1, 4], help="cells: service worker counts")
     add("--cells-requests", type=int, default=512, help="cells: requests per target")
+    add(
+        "--cells-targets",
+        default="grpc_direct,native,openai",
+        help="cells: stream_bench.py --targets",
+    )
+    add("--cells-routes", default="direct", help="cells: stream_bench.py --routes")
     add(
         "--cells-engine-stream-intervals",
         type=_ints,
@@ -257,7 +264,8 @@ def phase_cells(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             path = work / f"cells-w{workers}-si{interval}.json"
             code = _subprocess(
                 ["benchmarks/stream_bench.py", "--cells", args.cells,
-                 "--targets", "grpc_direct,native,openai", "--requests", str(args.cells_requests),
+                 "--targets", args.cells_targets, "--routes", args.cells_routes,
+                 "--requests", str(args.cells_requests),
                  "--rounds", "2", "--workers", str(workers), "--no-cold-start",
                  "--engine-stream-interval", str(interval), "--json", str(path)],
                 {ENGINE_INSTANCES_ENV: str(args.engine_instances)}, 480,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .bench_clients import (
+    GrpcDirect,
     PromptCase,
     RequestFn,
-    TritonDirect,
     http_client,
     run_load,
     service_request,
@@ -58,7 +58,7 @@ async def _client_load(
         return records, time.process_time() - cpu_before
 
     if spec.kind == "grpc":
-        direct = TritonDirect(spec.url, spec.max_tokens, spec.pad_id)
+        direct = GrpcDirect(spec.url, spec.max_tokens, spec.pad_id)
         try:
             return await go(direct)
         finally:

@@ -11,8 +11,7 @@ time and stops every process it started (also on Ctrl-C):
     .venv/bin/python benchmarks/stream_bench.py --routes direct,llmapi --targets native,openai
     .venv/bin/python benchmarks/stream_bench.py --url http://gpu-host:3000 --cells 0:1,0:64
 
-Targets: grpc_direct (the floor: tensorrt_llm with token ids over gRPC), http_direct (the same
-requests over HTTP generate_stream, as the service sends them), triton_generate_stream
+Targets: grpc_direct (the floor: tensorrt_llm with token ids over gRPC), triton_generate_stream
 (POST /v2/models/ensemble/generate_stream), native[route] (POST /generate), openai[route]
 (POST /v1/completions stream=true), baseline_proxy (benchmarks/baseline_service.py). The llmapi
 route serves the same synthetic engine through the llmapi model (pack_model.py --synthetic
@@ -44,11 +43,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_clients import (
+    GrpcDirect,
     OpenAICompletions,
     PromptCase,
     RequestFn,
     TextStream,
-    TritonDirect,
     TritonGenerateStream,
     http_client,
     run_load,
@@ -66,15 +65,13 @@ from benchmarks.bench_stats import (
 )
 from tensorrtllm_backend.triton.command import find_free_port
 
-ALL_TARGETS = (
-    "grpc_direct", "http_direct", "triton_generate_stream", "native", "openai", "baseline",
-)  # fmt: skip
+ALL_TARGETS = ("grpc_direct", "triton_generate_stream", "native", "openai", "baseline")
 ROUTE_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
 ROUTES = ("direct", "ensemble", "bls", "llmapi")
 TOKEN_ROUTES = ("direct", "llmapi")  # token ids out: the text is the synthetic tokens' decode
 DEFAULT_CELLS = "0:1,0:64,20:32,20:128"
-TARGET_ORDER = {"grpc_direct": 0, "http_direct": 1, "triton_generate_stream": 2, "native": 3,
-                "openai": 4, "baseline_proxy": 5}  # fmt: skip
+TARGET_ORDER = {"grpc_direct": 0, "triton_generate_stream": 1, "native": 2, "openai": 3,
+                "baseline_proxy": 4}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -230,15 +227,9 @@ async def measure_triton(
     max_tokens = run.args.max_tokens
     for cell in cells:
         if "grpc_direct" in targets:
-            direct = TritonDirect(grpc_url, max_tokens, pad_id)
+            direct = GrpcDirect(grpc_url, max_tokens, pad_id)
             try:
                 await measure(run, "grpc_direct", cell, direct, prompts, own_cpu_s)
-            finally:
-                await direct.close()
-        if "http_direct" in targets:
-            direct = TritonDirect(grpc_url, max_tokens, pad_id, http_url=http_url)
-            try:
-                await measure(run, "http_direct", cell, direct, prompts, own_cpu_s)
             finally:
                 await direct.close()
         if "triton_generate_stream" in targets:
@@ -324,7 +315,7 @@ async def interleaved_rounds(
     if service.triton_grpc_url is None:
         return
     n = requests_for(cell, False, run.args.requests)
-    direct = TritonDirect(service.triton_grpc_url, run.args.max_tokens, pad_id)
+    direct = GrpcDirect(service.triton_grpc_url, run.args.max_tokens, pad_id)
     try:
         async with http_client(cell.concurrency) as client:
             native = TextStream(client, f"{service.url}/generate", run.args.max_tokens, "decode")

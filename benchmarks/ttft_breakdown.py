@@ -94,7 +94,7 @@ def format_breakdown(by_target: Mapping[str, list[SegmentStat]]) -> str:
 
 
 # -- the bare gRPC client, with the engine's marks ----------------------------------------------
-class ProbedDirect(bench_clients.TritonDirect):
+class ProbedDirect(bench_clients.GrpcDirect):
     """stream_bench's bare gRPC client (the service's own TritonLLMClient) asking for the
     engine's timestamps: the same marks from the Triton call to the first response, with nothing
     in front of the client."""

@@ -46,7 +46,7 @@ async def measure_all(
     # Each request lasts about max_tokens steps: this rate keeps --in-flight of them running.
     rate = args.in_flight / (args.max_tokens * args.itl_ms / 1000.0)
     summaries = []
-    direct = bench_clients.TritonDirect(grpc_url, args.max_tokens, pad_id)
+    direct = bench_clients.GrpcDirect(grpc_url, args.max_tokens, pad_id)
     try:
         async with bench_clients.http_client(4 * args.in_flight) as client:
             model = await openai_model_name(service_url)

@@ -21,6 +21,15 @@ Each layer imports only itself and the layers :data:`ALLOWED_IMPORTS` names for 
 running inside Triton's stubs never pulls in the worker's (tests/unit/test_layers.py checks it).
 """
 
+import os
+
+# grpcio reads GRPC_EXPERIMENTS once, when it loads, and the package's processes load it after
+# this line. Its default client I/O (the EventEngine) costs a Python client ~40 % more CPU per
+# streamed response than its older poller: twice the system time, and a write() on the event
+# loop's thread for every read it starts (docs/performance.md, "Receiving a token"). The service
+# streams one response per token, so it takes the poller unless the environment chose otherwise.
+os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client")
+
 ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "packing": frozenset({"common", "settings"}),
     "serving": frozenset({"common", "triton", "settings"}),

@@ -41,8 +41,6 @@ RouteName = Literal["direct", "ensemble", "bls", "llmapi"]
 ToolParserName = Literal["hermes", "llama3_json", "mistral", "none"]
 ReasoningParserName = Literal["deepseek_r1", "qwen3", "none"]
 TCPPort = Field(None, ge=1, le=65535)
-# auto: HTTP generate_stream for every request it can carry, gRPC for the others; grpc: all gRPC.
-TransportName = Literal["auto", "grpc"]
 
 
 class Settings(BaseSettings):
@@ -66,7 +64,6 @@ class Settings(BaseSettings):
     triton_grpc_port: int | None = TCPPort
     triton_http_port: int | None = TCPPort
     triton_metrics_port: int | None = TCPPort
-    triton_transport: TransportName = "auto"
     tritonserver: Path | None = None
     triton_backend_dir: Path | None = None
     startup_timeout_s: PositiveFloat = 600.0

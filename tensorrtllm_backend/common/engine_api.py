@@ -2,9 +2,9 @@
 
 :class:`~tensorrtllm_backend.serving.generation.Generator`, the native API and the OpenAI
 adapter see only :class:`InferenceEngine`, the :class:`EngineResult` of each response and these
-error types: the Triton client (:mod:`tensorrtllm_backend.triton.client`) implements the interface
-over gRPC and HTTP and maps their statuses and Triton's error messages to the errors, so nothing
-above it depends on a transport or on how tritonserver words its failures.
+error types: the gRPC client (:mod:`tensorrtllm_backend.triton.client`) implements the interface
+and maps gRPC statuses and Triton's error messages to the errors, so nothing above it depends on
+gRPC or on how tritonserver words its failures.
 """
 
 from __future__ import annotations
@@ -80,8 +80,7 @@ class InferenceEngine(Protocol):
         self, model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str
     ) -> AsyncGenerator[EngineResult, None]:
         """Each response of one (decoupled) request; closing the generator early cancels the
-        request. Failures raise :class:`EngineError` subclasses. `outputs` names the outputs
-        the caller reads; a transport may return more."""
+        request. Failures raise :class:`EngineError` subclasses."""
         ...
 
     def let_finish(

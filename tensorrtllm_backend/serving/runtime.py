@@ -158,11 +158,7 @@ class LLMRuntime:
             tokenizer_loading.cancel()
             await asyncio.to_thread(triton.stop)
             raise
-        self._client = TritonLLMClient(
-            triton.grpc_url,
-            self._restart_for_dead_instance,
-            http_url=triton.http_url if settings.triton_transport == "auto" else None,
-        )
+        self._client = TritonLLMClient(triton.grpc_url, self._restart_for_dead_instance)
         self._readiness = Readiness(triton, self._client)
         self._readiness.start()
         guides = GuideCompiler(
@@ -194,12 +190,10 @@ class LLMRuntime:
             )
             self._watchdog = asyncio.ensure_future(watchdog.run())
         logger.info(
-            "serving %s through tritonserver at %s (gRPC) and %s (route %s, transport %s)",
+            "serving %s through %s (route %s)",
             self.model_root.name,
             triton.grpc_url,
-            triton.http_url,
             self.route.value,
-            settings.triton_transport,
         )
 
     def _lora_supported(self) -> bool:

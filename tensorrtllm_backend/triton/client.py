@@ -1,40 +1,36 @@
-"""One long-lived async client to the local tritonserver, over gRPC and HTTP.
+"""One long-lived async gRPC client to the local tritonserver.
 
-Every generation is a streaming call, also for non-streaming APIs, so there is a single request
-path. Leaving the iteration early cancels the call, which Triton turns into a cancelled request.
-A stream that is about to end on its own (cut at a stop string the engine also got, or a few
-tokens short of max_tokens) is better handed to :meth:`TritonLLMClient.let_finish`: a
-cancellation that races with the request's own end crashes tritonserver before r24.12
-(server#7840), and the end costs the engine nothing more.
+Every generation is a streaming call (``ModelStreamInfer``) over one shared channel, also for
+non-streaming APIs, so there is a single request path. Leaving the iteration early cancels the
+gRPC call, which Triton turns into a cancelled request. A stream that is about to end on its own
+(cut at a stop string the engine also got, or a few tokens short of max_tokens) is better handed
+to :meth:`TritonLLMClient.let_finish`: a cancellation that races with the request's own end
+crashes tritonserver before r24.12 (server#7840), and the end costs the engine nothing more.
 
-Two transports, chosen per request:
+A generation's call carries exactly one request, so it is made as a unary-stream call of that
+method. On the wire it is what tritonclient's ``stream_infer`` sends (metadata, one request,
+half-close), but gRPC sends all three in one batch as the call starts, where ``stream_infer`` (a
+bidirectional call fed by a request iterator) takes three event-loop turns and a thread hop
+before the request leaves. Under load every turn waits behind the other streams' tokens
+(docs/performance.md, "The Triton call: one unary-stream RPC"). Requests are built with
+tritonclient's own ``InferInput``; responses are read as :class:`~.responses.GrpcResult`.
 
-* HTTP ``generate_stream`` (:mod:`.http_stream`), for every request whose inputs it can carry:
-  receiving a token this way costs about half the CPU of gRPC;
-* gRPC ``ModelStreamInfer`` over one shared channel, for the others (multi-dimensional inputs,
-  large ones) and for every request when the client has no HTTP URL (``TRTLLM_TRITON_TRANSPORT=
-  grpc``). A generation's call carries exactly one request, so it is made as a unary-stream call
-  of that method. On the wire it is what tritonclient's ``stream_infer`` sends (metadata, one
-  request, half-close), but gRPC sends all three in one batch as the call starts, where
-  ``stream_infer`` (a bidirectional call fed by a request iterator) takes three event-loop turns
-  and a thread hop before the request leaves (docs/performance.md, "The Triton call: one
-  unary-stream RPC"). Requests are built with tritonclient's own ``InferInput``.
-
-Both yield :class:`~.responses.GrpcResult` / :class:`~.responses.JsonResult`, read the same
-way, and map failures to the same :class:`~..common.engine_api.EngineError` types.
+Why gRPC and not Triton's HTTP ``generate_stream``, which costs a Python client about half the
+CPU per streamed response: tritonserver's HTTP frontend hands each response to its HTTP thread
+with a deferred callback that is dropped when that thread falls behind, and under load streams
+then lose tokens, start without a status line or never end (docs/performance.md, "Receiving a
+token").
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-import aiohttp
 import grpc
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, service_pb2
@@ -53,8 +49,7 @@ from ..common.engine_api import (
     EngineUnavailableError,
     Tensors,
 )
-from .http_stream import GenerateClient, GenerateError, generate_body, split_events
-from .responses import GrpcResult, JsonResult
+from .responses import GrpcResult
 
 logger = logging.getLogger(__name__)
 
@@ -149,18 +144,9 @@ async def _drain(
 
 class TritonLLMClient:
     """Async streaming inference against one tritonserver, shared by all requests: the
-    :class:`~..common.engine_api.InferenceEngine` of the service.
+    :class:`~..common.engine_api.InferenceEngine` of the service, over gRPC."""
 
-    `url`: Triton's gRPC address; `http_url`: its HTTP endpoint, for the requests the HTTP
-    transport can carry (None: gRPC only).
-    """
-
-    def __init__(
-        self,
-        url: str,
-        on_dead_instance: Callable[[str], None] | None = None,
-        http_url: str | None = None,
-    ) -> None:
+    def __init__(self, url: str, on_dead_instance: Callable[[str], None] | None = None) -> None:
         self.url = url
         # Told the instance's name when a response says a model instance is dead.
         self.on_dead_instance = on_dead_instance
@@ -170,8 +156,6 @@ class TritonLLMClient:
             request_serializer=service_pb2.ModelInferRequest.SerializeToString,
             response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
         )
-        self.http_url = http_url
-        self._http = GenerateClient(http_url) if http_url else None
         self._finishing: set[asyncio.Task[None]] = set()
         # Progress, for the stall watchdog: streams open and responses received so far.
         self.open_streams = 0
@@ -182,8 +166,8 @@ class TritonLLMClient:
 
     @property
     def reconnecting(self) -> bool:
-        """Whether the gRPC channel waits to reconnect after failing to: a request now fails at
-        once. (No I/O; an idle channel connects on the next request.)"""
+        """Whether the channel waits to reconnect after failing to: a request now fails at once.
+        (No I/O; an idle channel connects on the next request.)"""
         state = self._channel.get_state(try_to_connect=False)
         return state is grpc.ChannelConnectivity.TRANSIENT_FAILURE
 
@@ -191,8 +175,6 @@ class TritonLLMClient:
         for task in list(self._finishing):
             task.cancel()
         await asyncio.gather(*self._finishing, return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
         await self._channel.close()
 
     def let_finish(
@@ -210,57 +192,10 @@ class TritonLLMClient:
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
 
-    def stream(
+    async def stream(
         self, model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str
     ) -> AsyncGenerator[EngineResult, None]:
-        """Each response of one (decoupled) request; cancel it if the caller stops early. Over
-        HTTP when it can carry the request, else over gRPC (`outputs` selects what gRPC returns;
-        HTTP returns every output the model sends)."""
-        if self._http is not None:
-            body = generate_body(tensors, request_id)
-            if body is not None:
-                return self._stream_http(model_name, body)
-        return self._stream_grpc(model_name, tensors, outputs, request_id)
-
-    async def _stream_http(self, model_name: str, body: bytes) -> AsyncGenerator[JsonResult, None]:
-        assert self._http is not None
-        finished = False
-        response: aiohttp.ClientResponse | None = None
-        self.open_streams += 1
-        try:
-            response = await self._http.open(model_name, body)
-            pending = b""
-            async for chunk in response.content.iter_any():
-                events, pending = split_events(pending + chunk)
-                for data in events:
-                    event = json.loads(data)
-                    self.responses_received += 1
-                    error = event.get("error")
-                    if error is not None:
-                        raise self._model_error(model_name, str(error))
-                    self.last_response_at = time.monotonic()
-                    yield JsonResult(event)
-            finished = True
-        except GenerateError as error:
-            raise self._generate_error(model_name, error) from error
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise EngineUnavailableError(
-                f"tritonserver's HTTP stream at {self.http_url} failed: "
-                f"{type(error).__name__} {error}".rstrip()
-            ) from error
-        finally:
-            self.open_streams -= 1
-            if response is not None:
-                if finished:
-                    response.release()
-                else:
-                    # Early exit (stop string, disconnect, error): closing the connection tells
-                    # Triton to stop generating.
-                    response.close()
-
-    async def _stream_grpc(
-        self, model_name: str, tensors: Tensors, outputs: Sequence[str], request_id: str
-    ) -> AsyncGenerator[GrpcResult, None]:
+        """Yield each response of one (decoupled) request; cancel it if the caller stops early."""
         request = inference_request(model_name, tensors, outputs, request_id)
         try:
             call = self._stream_infer(request)
@@ -285,22 +220,6 @@ class TritonLLMClient:
             if not finished:
                 # Early exit (stop string, disconnect, error): tell Triton to stop generating.
                 call.cancel()
-
-    def _generate_error(self, model_name: str, error: GenerateError) -> EngineError:
-        """The error of an HTTP request Triton refused, or whose first response was an error,
-        mapped as the same failure over gRPC is."""
-        status, message = error.status, error.message
-        if error.in_stream:
-            return self._model_error(model_name, message)
-        if status in (429, 503):
-            return EngineUnavailableError(f"{model_name}: {message}")
-        if status in (408, 504):
-            return EngineTimeoutError(f"{model_name}: {message}")
-        if status == 400 and not (_BUSY.search(message) or dead_instance(message)):
-            return EngineRequestError(f"{model_name} refused the request: {message}")
-        if status == 400 or status >= 500:
-            return self._model_error(model_name, message)
-        return EngineModelError(f"{model_name}: HTTP {status} {message}")
 
     def _status_error(self, model_name: str, error: grpc.aio.AioRpcError) -> EngineError:
         """The error of a call that ended with a gRPC status other than OK."""

@@ -1,15 +1,11 @@
 """One streamed response of tritonserver, read by output name: the
-:class:`~..common.engine_api.EngineResult` of each transport.
+:class:`~..common.engine_api.EngineResult` of the gRPC client.
 
-* :class:`GrpcResult`: a gRPC ``ModelInferResponse``. Values are read straight from the raw
-  output bytes (``memoryview.cast``): this runs once per token, and numpy arrays through
-  tritonclient's ``as_numpy`` cost more than the few values inside. Triton's raw tensors are
-  little-endian, as is every platform TensorRT-LLM runs on.
-* :class:`JsonResult`: one event of Triton's HTTP ``generate_stream``, already parsed from JSON.
-  Triton writes an output of one element as a bare value and a larger one as a flat list.
-
-Both give an output's values flattened: shapes do not travel in JSON, and the readers in
-``serving/`` do not need them.
+Values are read straight from the ``ModelInferResponse``'s raw output bytes
+(``memoryview.cast``), without tritonclient's ``InferResult`` and ``as_numpy``: this runs once
+per token, and numpy arrays cost more than the few values inside. Triton's raw tensors are
+little-endian, as is every platform TensorRT-LLM runs on. An output's values come flattened: the
+readers in ``serving/`` need no shapes.
 """
 
 from __future__ import annotations
@@ -70,18 +66,3 @@ class GrpcResult:
         if datatype == "BYTES":
             return _bytes_elements(raw)
         return memoryview(raw).cast(_FORMATS[datatype]).tolist()
-
-
-class JsonResult:
-    """An event of the HTTP ``generate_stream`` call."""
-
-    __slots__ = ("event",)
-
-    def __init__(self, event: dict[str, Any]) -> None:
-        self.event = event
-
-    def values(self, name: str) -> list[Any] | None:
-        value = self.event.get(name)
-        if value is None:
-            return None
-        return value if isinstance(value, list) else [value]

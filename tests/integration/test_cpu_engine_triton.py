@@ -33,8 +33,6 @@ from tensorrtllm_backend.triton.client import TritonLLMClient  # noqa: E402
 from tensorrtllm_backend.triton.command import TritonServerConfig  # noqa: E402
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor  # noqa: E402
 
-TRANSPORTS = ("auto", "grpc")  # TRTLLM_TRITON_TRANSPORT
-
 pytestmark = pytest.mark.integration
 
 VOCAB = 2048
@@ -733,24 +731,14 @@ def test_a_graceful_stop_leaves_no_core_dump(engine_dirs, tmp_path, monkeypatch)
     assert not list(cwd.glob("core*"))
 
 
-# --- the service's own client: HTTP generate_stream where it fits, else a gRPC call -------------
-def client_tensors(
-    prompt: list[int], output_len: int, **extra: np.ndarray
-) -> dict[str, np.ndarray]:
+# --- the service's own client: one unary-stream ModelStreamInfer call per request ----------------
+def client_tensors(prompt: list[int], output_len: int) -> dict[str, np.ndarray]:
     return {
         "input_ids": np.array([prompt], dtype=np.int32),
         "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
         "request_output_len": np.array([[output_len]], dtype=np.int32),
         "streaming": np.array([[True]], dtype=bool),
-        **extra,
     }
-
-
-def service_client(triton, transport: str) -> TritonLLMClient:
-    """The service's client as TRTLLM_TRITON_TRANSPORT makes it: auto (HTTP where it fits) or
-    gRPC only."""
-    http_url = triton.http_url if transport == "auto" else None
-    return TritonLLMClient(triton.grpc_url, http_url=http_url)
 
 
 async def client_tokens(responses) -> list[int]:
@@ -760,9 +748,8 @@ async def client_tokens(responses) -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_service_client_streams_every_token_in_order(triton, transport) -> None:
-    client = service_client(triton, transport)
+async def test_service_client_streams_every_token_in_order(triton) -> None:
+    client = TritonLLMClient(triton.grpc_url)
     try:
         responses = client.stream(FAST, client_tensors(PROMPT, 40), OUTPUTS, "svc-order")
         tokens = await client_tokens(responses)
@@ -772,24 +759,8 @@ async def test_service_client_streams_every_token_in_order(triton, transport) ->
     assert client.open_streams == 0 and client.responses_received >= 40
 
 
-async def test_service_client_sends_what_http_cannot_carry_by_grpc(triton) -> None:
-    """Stop words are [1, 2, L]: Triton's generate extension cannot shape them, so the request
-    goes by gRPC, and the engine still stops at them."""
-    expected = predict_tokens(PROMPT, 6, vocab_size=VOCAB, eos_token_id=EOS)
-    stop_words = np.array([[[expected[1], expected[2]], [2, -1]]], dtype=np.int32)
-    client = service_client(triton, "auto")
-    try:
-        tensors = client_tensors(PROMPT, 6, stop_words_list=stop_words)
-        assert (
-            await client_tokens(client.stream(FAST, tensors, OUTPUTS, "svc-stop")) == expected[:3]
-        )
-    finally:
-        await client.close()
-
-
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_service_client_reports_a_model_error(triton, transport) -> None:
-    client = service_client(triton, transport)
+async def test_service_client_reports_a_model_error(triton) -> None:
+    client = TritonLLMClient(triton.grpc_url)
     try:
         too_long = client_tensors(list(range(3, 3 + 65)), 4)  # FAST's max_input_len is 64
         with pytest.raises(EngineModelError, match="max_input_len"):
@@ -800,11 +771,10 @@ async def test_service_client_reports_a_model_error(triton, transport) -> None:
         await client.close()
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_service_client_leaving_early_cancels_the_engine_request(triton, transport) -> None:
+async def test_service_client_leaving_early_cancels_the_engine_request(triton) -> None:
     await wait_metric(triton, "trtllm_cpu_engine_active_requests", SLOW, lambda v: v == 0)
     cancelled_before = metric(triton, "trtllm_cpu_engine_cancelled_requests_total", SLOW)
-    client = service_client(triton, transport)
+    client = TritonLLMClient(triton.grpc_url)
     try:
         responses = client.stream(SLOW, client_tensors(PROMPT, 1000), OUTPUTS, "svc-leave")
         received = 0
@@ -819,10 +789,8 @@ async def test_service_client_leaving_early_cancels_the_engine_request(triton, t
         await client.close()
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_service_client_without_a_server_is_unavailable(transport) -> None:
-    http_url = "http://127.0.0.1:1" if transport == "auto" else None
-    client = TritonLLMClient("127.0.0.1:1", http_url=http_url)
+async def test_service_client_without_a_server_is_unavailable() -> None:
+    client = TritonLLMClient("127.0.0.1:1")
     try:
         with pytest.raises(EngineUnavailableError):
             await client_tokens(client.stream(FAST, client_tensors(PROMPT, 2), OUTPUTS, "x"))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from triton_results import grpc_result
+from triton_results import result
 
 from tensorrtllm_backend.common.engine_api import EngineResult
 from tensorrtllm_backend.common.engine_config import EngineInfo
@@ -35,7 +35,7 @@ def response(ids: list[int], **scalars: int) -> EngineResult:
         "sequence_length": np.asarray([[len(ids)]], np.int32),
         **{name: np.asarray([[value]], np.int32) for name, value in scalars.items()},
     }
-    return grpc_result(**outputs)
+    return result(**outputs)
 
 
 class ScriptedEngine:
@@ -53,8 +53,8 @@ class ScriptedEngine:
         request_id: str,
     ) -> AsyncGenerator[EngineResult, None]:  # fmt: skip
         self.requests.append((tensors, outputs))
-        for result in self.responses:
-            yield result
+        for response in self.responses:
+            yield response
 
     def let_finish(self, responses: AsyncGenerator[Any, None], *args: Any) -> None:
         pass

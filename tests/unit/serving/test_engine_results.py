@@ -1,15 +1,13 @@
-"""A response reads the same over both transports: every output's values, flattened, whatever
-Triton's datatype (gRPC raw bytes, length-prefixed BYTES) or JSON shape (one element as a bare
-value, more as a list, -inf as -Infinity); and the readers built on it (token ids of beam 0,
-sequence index, log probs, text) agree."""
+"""A response read from its raw bytes: every output's values, flattened, whatever Triton's
+datatype (little-endian numbers, length-prefixed BYTES); and the readers built on it (token ids
+of beam 0, sequence index, log probs, text)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import pytest
-from triton_results import TRANSPORTS, result
+from triton_results import result
 
 from tensorrtllm_backend.serving.routes.base import output_int
 from tensorrtllm_backend.serving.routes.direct import new_token_ids
@@ -18,10 +16,8 @@ from tensorrtllm_backend.serving.schemas import LOG_PROB_FLOOR
 from tensorrtllm_backend.serving.translation import response_log_probs, sequence_index
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_values_of_every_datatype(transport: str) -> None:
+def test_values_of_every_datatype() -> None:
     got = result(
-        transport,
         ids=np.array([[[3, 4, 5]]], np.int32),
         one=np.array([[7]], np.int32),
         big=np.array([2**64 - 1], np.uint64),
@@ -39,11 +35,9 @@ def test_values_of_every_datatype(transport: str) -> None:
     assert got.values("missing") is None
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_readers_agree_on_both_transports(transport: str) -> None:
+def test_readers_read_every_route_s_outputs() -> None:
     # Beam search on the C++ backend: [1, beams, width] ids, one length per beam.
     beams = result(
-        transport,
         output_ids=np.array([[[8, 9, 0], [6, 7, 5]]], np.int32),
         sequence_length=np.array([[2, 3]], np.int32),
         sequence_index=np.array([[1]], np.int32),
@@ -56,7 +50,7 @@ def test_readers_agree_on_both_transports(transport: str) -> None:
     assert output_int(beams, "kv_cache_reused_blocks") == 4
     assert output_int(beams, "cached_tokens") is None
     # The llmapi model: [n] ids, no sequence length.
-    assert new_token_ids(result(transport, output_ids=np.array([11, 12], np.int32))) == [11, 12]
-    assert new_token_ids(result(transport, output_ids=np.array([], np.int32))) == []
-    text = result(transport, text_output=np.array([[b" upon"]], np.object_))
+    assert new_token_ids(result(output_ids=np.array([11, 12], np.int32))) == [11, 12]
+    assert new_token_ids(result(output_ids=np.array([], np.int32))) == []
+    text = result(text_output=np.array([[b" upon"]], np.object_))
     assert response_text(text) == " upon"

@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-from triton_results import TRANSPORTS, result
+from triton_results import result
 
 from tensorrtllm_backend.common.model_repository import parse_config
 from tensorrtllm_backend.packing.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
@@ -66,8 +66,7 @@ def test_unset_fields_are_not_sent() -> None:
     ].tolist() == [0]
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer, transport: str) -> None:
+def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer) -> None:
     ids = demo_tokenizer.encode(" upon a time", add_special_tokens=False)
     decoder = DirectDecoder(demo_tokenizer, want_log_probs=True, top_log_probs=2)
     pieces = []
@@ -76,7 +75,6 @@ def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer, transport: 
         top_values = np.array([[-0.1, -np.inf]], np.float32)
         text, got, count, log_probs, top = decoder(
             result(
-                transport,
                 output_ids=np.array([token], np.int32),
                 sequence_index=np.array([0], np.int32),
                 output_log_probs=np.array([-0.1 * position], np.float32),
@@ -91,15 +89,13 @@ def test_the_direct_decoder_reads_the_llmapi_outputs(demo_tokenizer, transport: 
     assert "".join(pieces) + decoder.flush() == " upon a time"
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_fewer_alternatives_than_asked_for_is_an_error(demo_tokenizer, transport: str) -> None:
+def test_fewer_alternatives_than_asked_for_is_an_error(demo_tokenizer) -> None:
     from tensorrtllm_backend.common.engine_api import EngineModelError
 
     decoder = DirectDecoder(demo_tokenizer, want_log_probs=True, top_log_probs=3)
     with pytest.raises(EngineModelError, match="3 alternatives"):
         decoder(
             result(
-                transport,
                 output_ids=np.array([5], np.int32),
                 output_log_probs=np.array([-0.5], np.float32),
                 output_top_token_ids=np.array([[5, 6]], np.int32),
