@@ -96,8 +96,11 @@ def _pytriton_installation(cache_root: Path) -> TritonInstallation | None:
     ):
         link = target / source.name
         if not (link.is_symlink() and link.resolve() == source.resolve()):
-            link.unlink(missing_ok=True)
-            link.symlink_to(source)
+            # Made aside and renamed over: services starting together on one host may race here.
+            fresh = target / f".{source.name}.{os.getpid()}"
+            fresh.unlink(missing_ok=True)
+            fresh.symlink_to(source)
+            os.replace(fresh, link)
     libs = package_dir.parent.parent / "nvidia_pytriton.libs"
     return TritonInstallation(binary, backend_dir, (libs,) if libs.is_dir() else ())
 

@@ -1,16 +1,16 @@
 """hf backend: a local transformers causal LM, on the CPU or, where one is present, a CUDA GPU
 (the stand-in decoding on a GPU; TensorRT-LLM is not involved).
 
-The requests that join in a step are prefilled together in one forward over their prompts,
-left-padded to the longest; all other active requests decode together in ONE batched forward per
-step over one KV tensor per layer (:class:`_DecodeBatch`): rows left-padded to a common width,
-masked, with per-request position ids. Prefilling joiners one by one made a step's time grow with
-how many requests happened to arrive together: a closed-loop client whose requests start and end
-in step had 64 forwards in one step, the same load spread over time one or two per step. The batch is kept from step to step and
-only changes where requests join or leave, with a few tensor operations per layer whatever the
-batch size: padding and splitting every request's cache at every step cost thousands of small
-operations per step on a 64-request batch, the engine's whole CPU budget on a GPU. Torch and
-transformers are imported here only, so the synthetic mode never pays for them.
+Every step is ONE forward over all active requests, as TensorRT-LLM's in-flight batching mixes
+context and generation requests in one step: the requests that decode feed their last token, the
+requests that join feed their whole prompt, each row left-padded to the widest input. The KV
+cache is one [rows, heads, width, dim] tensor per layer (:class:`_DecodeBatch`) with a mask of the
+columns that hold a row's tokens; joining leaves masked holes in the decoding rows, which a
+compaction removes once they outgrow the tokens. A prefill forward beside the decode forward
+made every step with a joiner cost two forwards, so a load whose requests arrive spread out (as
+through a serving layer) ran slower than one whose requests start together. The batch changes
+only where requests join or leave, with a few tensor operations per layer whatever its size.
+Torch and transformers are imported here only, so the synthetic mode never pays for them.
 """
 
 from __future__ import annotations
@@ -25,78 +25,65 @@ from .request import GenRequest
 from .sampling import select_token
 from .scheduler import StepResult
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, len, dim]
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [rows, heads, width, dim]
 
 
 @dataclass(slots=True)
 class _SeqState:
     generator: torch.Generator
-    kv: KV | None = None  # its own cache from the prefill, until it joins the decode batch
     length: int = 0  # tokens in its cache
     prefilled: bool = False
     matcher: object = None  # xgrammar.GrammarMatcher of a guided request
 
 
 class _DecodeBatch:
-    """The KV caches of the requests that decode together, one [rows, heads, width, dim] tensor
-    per layer (keys and values), each row's tokens right-aligned (left padding masked out).
-
-    From one step to the next the rows stay the same unless a request joined or left; then the
-    batch is rebuilt with one selection, one padding per joining request and one concatenation
-    per layer.
-    """
+    """The KV caches of the active requests, one [rows, heads, width, dim] tensor per layer (keys
+    and values), and `mask` [rows, width]: which columns hold a row's tokens, in order."""
 
     def __init__(self) -> None:
         self.reqs: list[GenRequest] = []
         self.layers: KV = []
+        self.mask: torch.Tensor | None = None  # 1 where a column holds a token; on the device
         self.width = 0  # columns of the cache tensors
 
     def states(self) -> list[_SeqState]:
         return [r.backend_state for r in self.reqs]  # type: ignore[misc]
 
-    def arrange(self, reqs: list[GenRequest]) -> None:
-        """Make the rows exactly `reqs`: the rows kept stay in their order, the requests joining
-        (which bring their own prefill cache) are appended."""
+    def keep(self, reqs: list[GenRequest]) -> None:
+        """Keep the rows of `reqs` (all in the batch), in the batch's order; drop the others."""
         wanted = {id(req) for req in reqs}
         kept = [row for row, req in enumerate(self.reqs) if id(req) in wanted]
-        if len(kept) == len(self.reqs) == len(reqs):
+        if len(kept) == len(self.reqs):
             return
-        present = {id(self.reqs[row]) for row in kept}
-        joining = [req for req in reqs if id(req) not in present]
-        rows = [self.reqs[row] for row in kept] + joining
-        width = max(req.backend_state.length for req in rows)  # type: ignore[union-attr]
-        template = self.layers or joining[0].backend_state.kv  # type: ignore[union-attr]
+        if not kept:
+            self.clear()
+            return
+        assert self.mask is not None
+        index = torch.tensor(kept, device=self.mask.device)
+        self.layers = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers]
+        self.mask = self.mask.index_select(0, index)
+        self.reqs = [self.reqs[row] for row in kept]
+
+    def compact(self) -> None:
+        """Right-align every row's tokens and drop the columns no row needs (one gather per
+        tensor), once holes and padding outnumber the longest row's tokens."""
+        longest = max(state.length for state in self.states())
+        if self.width - longest < max(longest, 32):
+            return
+        assert self.mask is not None
+        # A stable sort of the mask puts each row's empty columns first, its tokens after, in order.
+        order = torch.sort(self.mask, dim=1, stable=True).indices[:, -longest:]
         layers: KV = []
-        for layer in range(len(template)):
-            keys: list[torch.Tensor] = []
-            values: list[torch.Tensor] = []
-            if kept:
-                k, v = self.layers[layer]
-                index = torch.tensor(kept, device=k.device)
-                keys.append(_left_pad(k.index_select(0, index), width))
-                values.append(_left_pad(v.index_select(0, index), width))
-            for req in joining:
-                k, v = req.backend_state.kv[layer]  # type: ignore[union-attr]
-                keys.append(_left_pad(k, width))
-                values.append(_left_pad(v, width))
-            layers.append((torch.cat(keys), torch.cat(values)))
-        for req in joining:
-            req.backend_state.kv = None  # type: ignore[union-attr]  # its rows live in the batch now
-        self.reqs, self.layers, self.width = rows, layers, width
+        for k, v in self.layers:
+            index = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            layers.append((k.gather(2, index), v.gather(2, index)))
+        lengths = torch.tensor([s.length for s in self.states()], device=order.device)
+        columns = torch.arange(longest, device=order.device)
+        self.mask = (columns >= (longest - lengths)[:, None]).long()
+        self.layers, self.width = layers, longest
 
     def clear(self) -> None:
-        self.reqs, self.layers, self.width = [], [], 0
-
-
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """[rows, heads, length, dim] -> [rows, heads, width, dim], padding (or trimming the common
-    padding) on the left."""
-    length = tensor.shape[2]
-    if length == width:
-        return tensor
-    if length > width:
-        return tensor[:, :, length - width :]
-    return torch.nn.functional.pad(tensor, (0, 0, width - length, 0))
+        self.reqs, self.layers, self.mask, self.width = [], [], None, 0
 
 
 class _GuideStep:
@@ -199,42 +186,25 @@ class HFBackend:
         req.backend_state = _SeqState(generator=generator, matcher=matcher)
 
     def release(self, req: GenRequest) -> None:
-        # Its row stays in the decode batch until the next step arranges the batch without it.
-        if req.backend_state is not None:
-            req.backend_state.kv = None  # type: ignore[attr-defined]
+        """Nothing to free at once: its row stays in the batch until the next step keeps only the
+        requests that are still active."""
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
-        rows: list[torch.Tensor] = [None] * len(batch)  # type: ignore[list-item]
-        joining: list[int] = []
-        decoding: list[GenRequest] = []
-        positions: list[int] = []
-        for i, req in enumerate(batch):
-            if not req.backend_state.prefilled:  # type: ignore[union-attr]
-                joining.append(i)
-            else:
-                decoding.append(req)
-                positions.append(i)
-        if joining:
-            prefilled = self._prefill([batch[i] for i in joining])
-            for i, logits in zip(joining, prefilled, strict=True):
-                rows[i] = logits
-        if decoding:
-            for i, logits in zip(positions, self._decode(decoding), strict=True):
-                rows[i] = logits
-        elif self._batch.reqs:
-            self._batch.clear()  # nobody decodes: let the caches go
+        joining = [req for req in batch if not req.backend_state.prefilled]  # type: ignore[union-attr]
+        logits = self._forward(batch, joining)
+        rows = [logits[id(req)] for req in batch]
         guided = [i for i, req in enumerate(batch) if req.backend_state.matcher is not None]  # type: ignore[union-attr]
         matchers = [batch[i].backend_state.matcher for i in guided]  # type: ignore[union-attr]
         if guided:
             assert self._guides is not None
             masked = torch.stack([rows[i] for i in guided]).to(torch.float32)
             self._guides.mask(matchers, masked)
-            for i, logits in zip(guided, masked, strict=True):
-                rows[i] = logits
+            for i, row in zip(guided, masked, strict=True):
+                rows[i] = row
         results = [
-            select_token(logits, req, req.backend_state.generator)  # type: ignore[union-attr]
-            for req, logits in zip(batch, rows, strict=True)
+            select_token(row, req, req.backend_state.generator)  # type: ignore[union-attr]
+            for req, row in zip(batch, rows, strict=True)
         ]
         if guided:
             assert self._guides is not None
@@ -242,68 +212,71 @@ class HFBackend:
             self._guides.accept([batch[i] for i in guided], matchers, tokens)
         return results
 
-    # -- model calls ---------------------------------------------------------------------------
-    def _prefill(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
-        """One forward over the prompts of the requests joining in this step, each left-padded
-        to the longest (masked, with its own position ids); each keeps its own slice of the
-        cache until it joins the decode batch. The last position's logits of each, on the CPU."""
+    # -- the model call ------------------------------------------------------------------------
+    def _forward(
+        self, active: list[GenRequest], joining: list[GenRequest]
+    ) -> dict[int, torch.Tensor]:
+        """One forward of every active request: the decoding rows' last token and the joining
+        rows' prompts, each right-aligned in an input as wide as the longest prompt (1 when
+        nobody joins), over the batch's caches. The last position's logits of each request, by
+        id(request), on the CPU."""
         from transformers import DynamicCache
 
-        lengths = [len(req.prompt) for req in reqs]
-        width = max(lengths)
-        ids = torch.zeros((len(reqs), width), dtype=torch.long)
-        mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for row, (req, length) in enumerate(zip(reqs, lengths, strict=True)):
-            ids[row, width - length :] = torch.tensor(req.prompt, dtype=torch.long)
-            mask[row, width - length :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._batch
+        joined = {id(req) for req in joining}
+        cache.keep([req for req in active if id(req) not in joined])
+        decoding = cache.reqs
+        span = max((len(req.prompt) for req in joining), default=1)
+        rows = len(decoding) + len(joining)
+        ids = torch.zeros((rows, span), dtype=torch.long)
+        fresh = torch.zeros((rows, span), dtype=torch.long)  # the columns this forward fills
+        positions = torch.zeros((rows, span), dtype=torch.long)
+        for row, req in enumerate(decoding):
+            ids[row, -1] = req.generated[-1]
+            fresh[row, -1] = 1
+            positions[row, -1] = req.backend_state.length  # type: ignore[union-attr]
+        for row, req in enumerate(joining, start=len(decoding)):
+            length = len(req.prompt)
+            ids[row, span - length :] = torch.tensor(req.prompt, dtype=torch.long)
+            fresh[row, span - length :] = 1
+            positions[row, span - length :] = torch.arange(length)
         device = self.device
+        fresh = fresh.to(device)
+        if cache.width:
+            assert cache.mask is not None
+            # Joining rows have no past: empty, masked columns in front of their prompt.
+            past = torch.cat([cache.mask, cache.mask.new_zeros((len(joining), cache.width))])
+            layers = [
+                (_append_rows(k, len(joining)), _append_rows(v, len(joining)))
+                for k, v in cache.layers
+            ]
+            mask = torch.cat([past, fresh], dim=1)
+            past_key_values = DynamicCache(layers)
+        else:
+            mask, past_key_values = fresh, DynamicCache()
         out = self.model(
             input_ids=ids.to(device),
-            attention_mask=mask.to(device),
+            attention_mask=mask,
             position_ids=positions.to(device),
-            past_key_values=DynamicCache(),
+            past_key_values=past_key_values,
             use_cache=True,
         )
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        for row, (req, length) in enumerate(zip(reqs, lengths, strict=True)):
+        cache.reqs = decoding + joining
+        cache.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        cache.mask, cache.width = mask, cache.width + span
+        for req in decoding:
+            req.backend_state.length += 1  # type: ignore[union-attr]
+        for req in joining:
             state: _SeqState = req.backend_state  # type: ignore[assignment]
-            state.kv = [
-                (k[row : row + 1, :, width - length :], v[row : row + 1, :, width - length :])
-                for k, v in layers
-            ]
-            state.length = length
-            state.prefilled = True
+            state.length, state.prefilled = len(req.prompt), True
+        cache.compact()
         # Sampling runs on the CPU with each request's own seeded generator.
-        last = out.logits[:, -1].float().cpu()  # one copy for all of them
-        return list(last)
-
-    def _decode(self, reqs: list[GenRequest]) -> list[torch.Tensor]:
-        """One batched forward of each request's last token over the decode batch's caches."""
-        from transformers import DynamicCache
-
-        batch = self._batch
-        batch.arrange(reqs)
-        states = batch.states()
-        lengths = torch.tensor([s.length for s in states], dtype=torch.long)
-        width = batch.width
-        device = self.device
-        # Row r's tokens are the last lengths[r] columns of the cache, plus the new one.
-        mask = torch.arange(width + 1) >= (width - lengths)[:, None]
-        input_ids = torch.tensor(
-            [[r.generated[-1]] for r in batch.reqs], dtype=torch.long, device=device
-        )
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask.to(device=device, dtype=torch.long),
-            position_ids=lengths[:, None].to(device),
-            past_key_values=DynamicCache(batch.layers),
-            use_cache=True,
-        )
-        batch.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        batch.width = width + 1
-        for state in states:
-            state.length += 1
         last = out.logits[:, -1].float().cpu()  # one copy for the batch, not one per row
-        by_request = {id(req): row for row, req in enumerate(batch.reqs)}
-        return [last[by_request[id(req)]] for req in reqs]
+        return {id(req): last[row] for row, req in enumerate(cache.reqs)}
+
+
+def _append_rows(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """[rows, heads, width, dim] -> [rows + count, heads, width, dim], the new rows zero."""
+    if not count:
+        return tensor
+    return torch.nn.functional.pad(tensor, (0, 0, 0, 0, 0, 0, 0, count))

@@ -72,34 +72,61 @@ def test_batched_decode_equals_unbatched(scheduler, demo_tokenizer):
     assert together == alone
 
 
-def test_requests_joining_together_share_one_prefill(scheduler, backend, demo_tokenizer):
+@pytest.fixture
+def forwards(backend, monkeypatch):
+    """The input shape of every forward from now on, and the cache width at every compaction."""
+    from tensorrtllm_backend.python_models.cpu_engine import hf
+
+    shapes: list[tuple[int, int]] = []
+    compacted: list[int] = []
+    compact = hf._DecodeBatch.compact
+
+    def counting_compact(self):
+        width = self.width
+        compact(self)
+        if self.width != width:
+            compacted.append(width)
+
+    monkeypatch.setattr(hf._DecodeBatch, "compact", counting_compact)
+    hook = backend.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    yield shapes, compacted
+    hook.remove()
+
+
+def test_requests_joining_together_share_one_prefill(scheduler, demo_tokenizer, forwards):
     prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
     alone = [run_to_end(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
-    widths: list[tuple[int, int]] = []
-
-    def record(_module, _args, kwargs):
-        widths.append(tuple(kwargs["input_ids"].shape))
-
-    hook = backend.model.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        together = run_to_end(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
-    finally:
-        hook.remove()
+    shapes, _ = forwards
+    shapes.clear()
+    together = run_to_end(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
     assert together == alone
-    prefills = [shape for shape in widths if shape[1] > 1]
+    prefills = [shape for shape in shapes if shape[1] > 1]
     assert prefills == [(len(prompts), max(len(p) for p in prompts))]
 
 
-def test_staggered_joins_equal_unbatched(scheduler, demo_tokenizer):
-    prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
-    alone = [run_to_end(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
-    reqs = [make_request(p, NEW_TOKENS, streaming=True) for p in prompts]
+def test_staggered_joins_run_in_the_decode_forward_and_equal_unbatched(
+    scheduler, demo_tokenizer, forwards
+):
+    # Long prompts and outputs: the holes each join leaves in the decoding rows outgrow their
+    # tokens, so the cache is compacted along the way.
+    prompts = [encode(demo_tokenizer, p * 3) for p in PROMPTS] * 2
+    new_tokens = 40
+    alone = [run_to_end(scheduler, [make_request(p, new_tokens)])[0] for p in prompts]
+    shapes, compacted = forwards
+    shapes.clear()
+    reqs = [make_request(p, new_tokens, streaming=True) for p in prompts]
     for req, sink in reqs:  # each joins once the previous one produced a token
         scheduler.submit(req)
         assert sink.first_token.wait(30)
     for _, sink in reqs:
         assert sink.done.wait(30)
     assert [req.generated for req, _ in reqs] == alone
+    # A joiner's prompt rides in the same forward as the rows decoding: one forward per step.
+    mixed = [shape for shape in shapes if shape[0] > 1 and shape[1] > 1]
+    assert len(mixed) == len(prompts) - 1
+    assert compacted
 
 
 def test_same_seed_same_sample(scheduler, demo_tokenizer):
