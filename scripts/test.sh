@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Install into .venv, then lint and run every test (unit + real tritonserver / bentoml serve).
+# The tests run in PYTEST_WORKERS processes (2; 1 runs them in this process), a test file per
+# process at a time: most of an integration test's time is a server starting or answering.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 ./scripts/bootstrap.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+workers="${PYTEST_WORKERS:-2}"
+if [ "$workers" -gt 1 ]; then
+  set -- -n "$workers" --dist loadfile "$@"
+fi
 .venv/bin/python -m pytest "$@"

@@ -78,6 +78,9 @@ class TritonServerConfig:
     startup_timeout_s: float = 300.0
     log_verbose: int = 0
     restart: bool = True
+    # Restart tritonserver when one of its Python stubs dies (it does not start one again). Off
+    # only where models are unloaded on purpose: an unload ends the stub in the same way.
+    watch_stubs: bool = True
     max_restart_backoff_s: float = 30.0
     exit_timeout_s: int = 3
     extra_args: Sequence[str] = ()

@@ -106,7 +106,7 @@ class TritonSupervisor(TritonEndpoints):
         self._restarts = 0
         self._ports: TritonPorts | None = None
         self._stubs: StubWatch | None = None  # the Python stubs of the current run
-        self._check_stubs = True
+        self._check_stubs = config.watch_stubs
         self._stub_python: StubPython | None = None
         self._stub_python_planned = False
         self._failure: str | None = None  # why it is not ready, when it failed
