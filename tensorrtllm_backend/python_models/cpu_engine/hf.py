@@ -31,8 +31,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [rows, h
 @dataclass(slots=True)
 class _SeqState:
     generator: torch.Generator
-    length: int = 0  # tokens in its cache
-    prefilled: bool = False
+    length: int = 0  # tokens in its cache; 0 until its prompt went through a forward
     matcher: object = None  # xgrammar.GrammarMatcher of a guided request
 
 
@@ -191,7 +190,7 @@ class HFBackend:
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
-        joining = [req for req in batch if not req.backend_state.prefilled]  # type: ignore[union-attr]
+        joining = [req for req in batch if not req.backend_state.length]  # type: ignore[union-attr]
         logits = self._forward(batch, joining)
         rows = [logits[id(req)] for req in batch]
         guided = [i for i, req in enumerate(batch) if req.backend_state.matcher is not None]  # type: ignore[union-attr]
@@ -267,8 +266,7 @@ class HFBackend:
         for req in decoding:
             req.backend_state.length += 1  # type: ignore[union-attr]
         for req in joining:
-            state: _SeqState = req.backend_state  # type: ignore[assignment]
-            state.length, state.prefilled = len(req.prompt), True
+            req.backend_state.length = len(req.prompt)  # type: ignore[union-attr]
         cache.compact()
         # Sampling runs on the CPU with each request's own seeded generator.
         last = out.logits[:, -1].float().cpu()  # one copy for the batch, not one per row
