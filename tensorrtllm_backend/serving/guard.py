@@ -88,8 +88,9 @@ class GuardMiddleware:
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send, api: API) -> None:
         body = await _read_body(receive, self.settings.max_request_bytes)
-        if body is None:
-            return  # the client left while sending
+        if body is None:  # the client left while sending
+            await _answer_departed(send)
+            return
         if isinstance(body, int):
             await _reject(scope, receive, send, api, _too_large(body))
             return
@@ -181,8 +182,13 @@ async def _run_while_connected(
     finally:
         watcher.cancel()
     if gone and not started:
-        # The request still ends with an answer (the server drops it: the client is gone), so
-        # that the middlewares outside see it answered: BentoML's timeout middleware otherwise
-        # holds the request until its timeout (10 minutes), and a stopping server waits for it.
-        await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await _answer_departed(send)
+
+
+async def _answer_departed(send: Send) -> None:
+    """End the request of a client that left with an answer (the server drops it: nobody
+    reads it), so that the middlewares outside see it answered: BentoML's timeout middleware
+    otherwise holds the request until its timeout (10 minutes), and a stopping server waits
+    for it."""
+    await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+    await send({"type": "http.response.body", "body": b""})

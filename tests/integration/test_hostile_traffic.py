@@ -268,6 +268,23 @@ def test_a_client_that_leaves_cancels_its_request(waiting_server, path, body, ch
     assert counters["trtllm_cpu_engine_active_requests"] == 0
 
 
+def test_a_client_that_leaves_while_sending_is_answered(waiting_server) -> None:
+    """A client that closes its connection halfway through its body: the request ends (the
+    access log shows it, as a 499) instead of being held by BentoML's timeout middleware for
+    ten minutes, which would also hold a stopping server."""
+    server, _ = waiting_server
+    host, port = server.url.rsplit("/", 1)[-1].split(":")
+    content = json.dumps(LONG).encode()
+    head = (
+        f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(content)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(head + content[: len(content) // 2])
+    answered = re.compile(r"path=/generate,type=application/json,length=\d+\) \(status=499")
+    assert wait_for(lambda: answered.search(server.log()), 10), server.log()[-3000:]
+
+
 def test_a_server_whose_clients_left_stops_at_once(waiting_server) -> None:
     """Runs last in this module: it stops the module's server. After clients that left (the
     tests above, and one more here before its first token), SIGTERM of `bentoml serve` ends it

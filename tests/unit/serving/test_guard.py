@@ -21,8 +21,12 @@ class Client:
     """The server side of one request: body messages to hand out, then (when `leave` is set) a
     disconnect; records what the middleware sends and how many messages it read."""
 
-    def __init__(self, chunks: list[bytes], headers: dict[bytes, bytes] | None = None) -> None:
+    def __init__(
+        self, chunks: list[bytes], headers: dict[bytes, bytes] | None = None,
+        complete: bool = True,
+    ) -> None:  # fmt: skip
         self.chunks = list(chunks)
+        self.complete = complete  # False: the client leaves before its body's end
         self.read = 0
         self.sent: list[dict[str, Any]] = []
         self.leave = asyncio.Event()
@@ -31,7 +35,7 @@ class Client:
     async def receive(self) -> dict[str, Any]:
         if self.read < len(self.chunks):
             self.read += 1
-            more = self.read < len(self.chunks)
+            more = self.read < len(self.chunks) or not self.complete
             return {"type": "http.request", "body": self.chunks[self.read - 1], "more_body": more}
         await self.leave.wait()
         return {"type": "http.disconnect"}
@@ -116,6 +120,17 @@ async def test_a_declared_length_over_the_limit_is_refused_unread() -> None:
     assert client.status == 413 and client.read == 0
 
 
+async def test_a_client_that_leaves_while_sending_gets_an_answer_nobody_reads() -> None:
+    """The request still ends with a complete answer (499), or BentoML's timeout middleware
+    outside would hold it until its timeout, and a stopping server would wait for it."""
+    app = App()
+    client = Client([b"{"], complete=False)
+    client.leave.set()
+    await asyncio.wait_for(guard(app)(client.scope("/generate"), client.receive, client.send), 5)
+    assert not app.started.is_set() and client.status == 499
+    assert client.sent[-1] == {"type": "http.response.body", "body": b""}
+
+
 async def test_a_body_within_the_limit_reaches_the_api_whole() -> None:
     app = App()
     app.release.set()
@@ -135,6 +150,7 @@ async def test_the_api_is_cancelled_when_the_client_leaves(stream_first: bool) -
     client.leave.set()  # the client disconnects while the answer is not complete
     await asyncio.wait_for(served, 5)
     assert app.cancelled and middleware.in_flight == 0
+    assert client.status == (200 if stream_first else 499)  # an answer ends the request
 
 
 async def test_a_complete_answer_is_not_cancelled_by_the_connection_ending() -> None:
