@@ -23,31 +23,45 @@ def stream_text(url: str, body: dict[str, object]) -> str:
         return "".join(response.iter_text())
 
 
+@pytest.fixture(scope="module")
+def routed(
+    demo_model: str, module_bento_launcher: Callable[..., BentoServer]
+) -> Callable[[str], BentoServer]:
+    """The demo model served on a text route, one server per route for the whole module."""
+    servers: dict[str, BentoServer] = {}
+
+    def server(route: str) -> BentoServer:
+        if route not in servers:
+            servers[route] = module_bento_launcher(demo_model, {"TRTLLM_ROUTE": route}, wait=True)
+        return servers[route]
+
+    return server
+
+
 @pytest.mark.parametrize("route", ["ensemble", "bls"])
 def test_text_routes_behave_like_direct(
-    route: str, demo_model: str, bento_server_factory: Callable[..., BentoServer]
+    route: str, demo_server: BentoServer, routed: Callable[[str], BentoServer]
 ) -> None:
-    direct = bento_server_factory(demo_model)
-    routed = bento_server_factory(demo_model, env={"TRTLLM_ROUTE": route})
+    direct, routed_server = demo_server, routed(route)
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
 
     expected = httpx.post(f"{direct.url}/generate_text", json=body, timeout=60).json()["text"]
-    whole = httpx.post(f"{routed.url}/generate_text", json=body, timeout=60).json()
-    streamed = stream_text(routed.url, body)
+    whole = httpx.post(f"{routed_server.url}/generate_text", json=body, timeout=60).json()
+    streamed = stream_text(routed_server.url, body)
     # Greedy decoding of the same engine: the text is the route's business, not the engine's.
     assert whole["text"] == streamed == expected
     assert whole["usage"]["prompt_tokens"] > 0 and whole["usage"]["completion_tokens"] > 0
 
     stop = expected.strip().split()[len(expected.split()) // 2]
     cut = httpx.post(
-        f"{routed.url}/generate_text", json={**body, "stop": [stop]}, timeout=60
+        f"{routed_server.url}/generate_text", json={**body, "stop": [stop]}, timeout=60
     ).json()
     # cut right before the stop string's first occurrence, as on the direct route
     assert cut["text"] == expected[: expected.index(stop)]
     assert cut["finish_reason"] == "stop"
 
     completion = httpx.post(
-        f"{routed.url}/v1/completions",
+        f"{routed_server.url}/v1/completions",
         json={"model": "trtllm-demo", "prompt": PROMPT, "max_tokens": 24, "temperature": 0},
         timeout=60,
     )
@@ -56,7 +70,7 @@ def test_text_routes_behave_like_direct(
 
     # Alternatives to the chosen tokens come back on the token-id routes only.
     ranked = {**body, "return_log_probs": True, "top_log_probs": 2}
-    refused = httpx.post(f"{routed.url}/generate_text", json=ranked, timeout=60)
+    refused = httpx.post(f"{routed_server.url}/generate_text", json=ranked, timeout=60)
     assert refused.status_code == 400 and "direct route" in refused.text
 
     # Several sequences: the BLS demultiplexes them by sequence_index; the ensemble cannot (its
@@ -65,21 +79,19 @@ def test_text_routes_behave_like_direct(
     several = {**sampled, "num_return_sequences": 2}
     if route == "bls":
         want = httpx.post(f"{direct.url}/generate_text", json=several, timeout=60).json()
-        got = httpx.post(f"{routed.url}/generate_text", json=several, timeout=60).json()
+        got = httpx.post(f"{routed_server.url}/generate_text", json=several, timeout=60).json()
         assert [s["text"] for s in got["sequences"]] == [s["text"] for s in want["sequences"]]
         assert got["sequences"][0]["text"] != got["sequences"][1]["text"]
     else:
-        refused = httpx.post(f"{routed.url}/generate_text", json=several, timeout=60)
+        refused = httpx.post(f"{routed_server.url}/generate_text", json=several, timeout=60)
         assert refused.status_code == 400 and "sequence_index" in refused.text
 
 
-def test_concurrent_stop_strings_keep_tritonserver_up(
-    demo_model: str, bento_server_factory: Callable[..., BentoServer]
-) -> None:
+def test_concurrent_stop_strings_keep_tritonserver_up(routed: Callable[[str], BentoServer]) -> None:
     """Cutting a stream at a stop string used to cancel it just as the engine, which had the same
     stop words, ended it: under concurrency that race crashed tritonserver 2.51 within seconds
     (server#7840). The cut streams are now left to end."""
-    server = bento_server_factory(demo_model, env={"TRTLLM_ROUTE": "ensemble"})
+    server = routed("ensemble")
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
     expected = httpx.post(f"{server.url}/generate_text", json=body, timeout=60).json()["text"]
     stop = expected.strip().split()[len(expected.split()) // 2]
