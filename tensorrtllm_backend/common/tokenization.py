@@ -7,6 +7,7 @@ stub and inside the service process, so both ways through Triton produce the sam
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     # transformers (and the torch it pulls in) takes ~2 s to import: the service imports it
     # while tritonserver starts, not before (see runtime.LLMRuntime.start).
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 __all__ = [
     "IncrementalDetokenizer",
@@ -27,7 +28,12 @@ __all__ = [
     "encode_word_lists",
     "load_checked_tokenizer",
     "load_tokenizer",
+    "record_tokenizer_class",
 ]
+
+# Beside a stored tokenizer: the class AutoTokenizer chose for it at pack time, and under which
+# transformers version (see record_tokenizer_class).
+TOKENIZER_CLASS_FILE = "trtllm_tokenizer_class.json"
 
 _REPLACEMENT_CHAR = "\ufffd"
 
@@ -37,14 +43,52 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizer
 
     NVIDIA's newer preprocessing does the same, so PAD_ID defaults agree with theirs.
     """
-    from transformers import AutoTokenizer
+    loader = _recorded_class(Path(tokenizer_dir))
+    if loader is None:
+        from transformers import AutoTokenizer as loader  # type: ignore[assignment]
 
-    tokenizer = AutoTokenizer.from_pretrained(
+    tokenizer = loader.from_pretrained(
         os.fspath(tokenizer_dir), local_files_only=True, padding_side="left"
     )
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _recorded_class(tokenizer_dir: Path) -> type[PreTrainedTokenizerFast] | None:
+    """transformers' generic fast tokenizer class, when pack time recorded that AutoTokenizer
+    chose it for this directory under the transformers version running now; else None.
+
+    The class loads the same tokenizer AutoTokenizer would, without AutoTokenizer's imports:
+    on transformers 5 those pull in torch, ~4 s of CPU in every Triton stub that tokenizes and
+    in the service, each time tritonserver starts or restarts.
+    """
+    try:
+        record = json.loads((tokenizer_dir / TOKENIZER_CLASS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    import transformers
+
+    if record != {"class": "PreTrainedTokenizerFast", "transformers": transformers.__version__}:
+        return None
+    return transformers.PreTrainedTokenizerFast
+
+
+def record_tokenizer_class(tokenizer_dir: Path) -> None:
+    """Pack time: note beside the stored tokenizer whether AutoTokenizer loads it as the generic
+    fast tokenizer, which :func:`load_tokenizer` then loads directly (same transformers
+    version only: the choice is AutoTokenizer's, and may change between versions)."""
+    import transformers
+
+    chosen = type(
+        transformers.AutoTokenizer.from_pretrained(os.fspath(tokenizer_dir), local_files_only=True)
+    )
+    path = tokenizer_dir / TOKENIZER_CLASS_FILE
+    if chosen is transformers.PreTrainedTokenizerFast:
+        record = {"class": "PreTrainedTokenizerFast", "transformers": transformers.__version__}
+        path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    else:
+        path.unlink(missing_ok=True)
 
 
 def load_checked_tokenizer(

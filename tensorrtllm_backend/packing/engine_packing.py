@@ -35,7 +35,7 @@ from ..common.lora import (
 )
 from ..common.model_repository import TemplateError
 from ..common.model_store import ENGINES, FORMAT, MANIFEST, REPOSITORY, TOKENIZER
-from ..common.tokenization import load_checked_tokenizer
+from ..common.tokenization import load_checked_tokenizer, record_tokenizer_class
 from .repository import fill_repository
 from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
 from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
@@ -299,6 +299,7 @@ def copy_files(
 def write_model_tree(pack: PackPlan, root: Path, show_progress: bool = True) -> None:
     """Write engines, tokenizer, the filled repository and the manifest under root."""
     copy_files(pack.files(), root, "engines+tokenizer", show_progress)
+    record_tokenizer_class(root / TOKENIZER)
     if pack.options.get("xgrammar_tokenizer_info_path") == XGRAMMAR_TOKENIZER_INFO:
         write_tokenizer_info(root / TOKENIZER, root / XGRAMMAR_TOKENIZER_INFO)
     fill_repository(root / REPOSITORY, pack.options)

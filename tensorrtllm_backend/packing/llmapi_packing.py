@@ -22,6 +22,7 @@ from ..common.cpu_engine_config import load_engine_config
 from ..common.lora import LORAS, LoraError, check_hf_adapter_dir, check_name
 from ..common.model_repository import LLMAPI_MODELS, TemplateError
 from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
+from ..common.tokenization import record_tokenizer_class
 from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
 from .engine_packing import TOKENIZER_FILES, PackError, check_tag, copy_files
 from .llmapi_repository import build_model_yaml, write_llmapi_repository
@@ -117,6 +118,7 @@ class LlmapiPlan:
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
         copy_files(self.files(), root, "checkpoint+tokenizer", show_progress)
+        record_tokenizer_class(root / TOKENIZER)
         write_llmapi_repository(root / REPOSITORY, self.model_yaml, self.llmapi_model)
         (root / MANIFEST).write_text(json.dumps(self.manifest(), indent=2) + "\n")
 

@@ -299,3 +299,67 @@ def test_stop_matcher_random_chunking_matches_whole_text() -> None:
             cuts = sorted(rng.sample(range(1, len(text)), 6))
             chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
             assert _run_matcher([stop], chunks)[0] == expected
+
+
+# --- the class recorded at pack time --------------------------------------------------------------
+
+
+def _load_in_fresh_process(tokenizer_dir: Path) -> dict[str, object]:
+    """load_tokenizer in a new interpreter: its class, whether torch got imported, a round trip."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from tensorrtllm_backend.common.tokenization import load_tokenizer\n"
+        f"t = load_tokenizer({str(tokenizer_dir)!r})\n"
+        "ids = t.encode('Grüße, 🙂 world')\n"
+        "print(json.dumps({'class': type(t).__name__, 'torch': 'torch' in sys.modules,"
+        " 'ids': ids, 'text': t.decode(ids), 'pad': t.pad_token,"
+        " 'template': t.chat_template}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_a_recorded_generic_tokenizer_loads_as_autotokenizer_would_without_torch(
+    demo_checkpoint: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    import transformers
+
+    from tensorrtllm_backend.common.tokenization import TOKENIZER_CLASS_FILE, record_tokenizer_class
+
+    stored = tmp_path / "tokenizer"
+    shutil.copytree(demo_checkpoint, stored)
+    unrecorded = _load_in_fresh_process(stored)
+    record_tokenizer_class(stored)
+    record = json.loads((stored / TOKENIZER_CLASS_FILE).read_text())
+    assert record == {"class": "PreTrainedTokenizerFast", "transformers": transformers.__version__}
+    recorded = _load_in_fresh_process(stored)
+    assert unrecorded["torch"] and not recorded["torch"]  # AutoTokenizer imports torch
+    assert {k: v for k, v in recorded.items() if k != "torch"} == {
+        k: v for k, v in unrecorded.items() if k != "torch"
+    }
+
+    # Recorded under another transformers version: AutoTokenizer decides again.
+    (stored / TOKENIZER_CLASS_FILE).write_text(json.dumps({**record, "transformers": "0.0.1"}))
+    assert _load_in_fresh_process(stored)["torch"]
+
+
+def test_no_record_for_a_model_specific_tokenizer_class(tmp_path: Path) -> None:
+    """AutoTokenizer picks GPT2's own class here: nothing is recorded, so it keeps choosing."""
+    from tensorrtllm_backend.common.tokenization import TOKENIZER_CLASS_FILE, record_tokenizer_class
+
+    _byte_level_bpe().save_pretrained(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(
+        json.dumps({**json.loads(config.read_text()), "tokenizer_class": "GPT2Tokenizer"})
+    )
+    (tmp_path / TOKENIZER_CLASS_FILE).write_text("{}")  # a stale record goes
+    record_tokenizer_class(tmp_path)
+    assert not (tmp_path / TOKENIZER_CLASS_FILE).exists()
+    assert type(load_tokenizer(tmp_path)).__name__.startswith("GPT2")

@@ -117,14 +117,17 @@ class TritonPythonModel:
             exclude_input_in_output=_bool_param(model_config, "exclude_input_in_output", False),
             max_batch_size=build.max_batch_size,
         )
-        self.guides = _guides(model_config, config, args["model_repository"])
         interval = _param(model_config, "stream_interval")
         if interval is not None and not (interval.isdigit() and int(interval) >= 1):
             raise pb_utils.TritonModelException(
                 f"parameter stream_interval must be a positive integer, got {interval!r}"
             )
+        # The backend first: the guides' thread imports transformers too, and two threads
+        # importing its lazy modules at once can each find the other's half-initialized.
+        backend = make_backend(config)
+        self.guides = _guides(model_config, config, args["model_repository"])
         self.scheduler = Scheduler(
-            make_backend(config),
+            backend,
             build.max_batch_size,
             cancel_poll_interval_s=CANCEL_POLL_INTERVAL_S,
             stream_interval=int(interval or 1),
