@@ -81,6 +81,9 @@ class StubWatch:
     Scanning all of /proc takes milliseconds on a busy host, in a thread that shares the
     worker's GIL, so the full scan runs every `rescan_every` calls (to see stubs of models loaded
     later) and the other calls only look at the stubs already known.
+
+    The watch notes the stubs alive when it is made, with their models: made as soon as
+    tritonserver is ready, it can name a stub that dies before the first `dead()`.
     """
 
     def __init__(self, root_pid: int, proc: Path = Path("/proc"), rescan_every: int = 30) -> None:
@@ -88,9 +91,11 @@ class StubWatch:
         self.proc = proc
         self.rescan_every = rescan_every
         self._calls = 0
-        self._alive: set[int] = set()
         self._reported: set[int] = set()
-        self._models: dict[int, str] = {}  # read while alive: a zombie has no command line
+        stubs = python_stubs(root_pid, proc)
+        self._alive = {pid for pid, alive in stubs.items() if alive}
+        # read while alive: a zombie has no command line
+        self._models = {pid: _model_of(proc / str(pid)) for pid in self._alive}
 
     def _known_stubs(self) -> dict[int, bool]:
         stubs = {}

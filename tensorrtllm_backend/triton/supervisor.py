@@ -282,11 +282,24 @@ class TritonSupervisor(TritonEndpoints):
                         return
                     backoff = min(backoff * 2, self.config.max_restart_backoff_s)
 
+    def _watch_stubs(self, run: _Run) -> None:
+        """Note the stubs of a run that just became ready (every model is loaded), so that one
+        dying before the first check is still named."""
+        if not self._check_stubs:
+            return
+        try:
+            self._stubs = StubWatch(run.process.pid)
+        except Exception:  # an unreadable /proc must not fail the start
+            logger.exception("reading tritonserver's Python stubs failed; not checking them")
+            self._check_stubs = False
+
     def _restart_if_a_stub_died(self, run: _Run) -> None:
         if not self._check_stubs or self._winding_down.is_set():
             return  # a stopping tritonserver ends its stubs first
         if self._stubs is None or self._stubs.root_pid != run.process.pid:
-            self._stubs = StubWatch(run.process.pid)
+            self._watch_stubs(run)
+        if self._stubs is None or not self._check_stubs:
+            return
         try:
             dead = self._stubs.dead()
         except Exception:  # an unreadable /proc must not end the supervision
@@ -329,6 +342,7 @@ class TritonSupervisor(TritonEndpoints):
                     continue  # lost a port race: pick new free ports
                 raise
             self._failure = None
+            self._watch_stubs(run)
             self._set_state(ServerState.READY)
             self._ready_event.set()
             return

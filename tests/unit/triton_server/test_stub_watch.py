@@ -193,6 +193,19 @@ def test_children_of_a_stub_are_not_stubs(tmp_path: Path, server: FakeTritonserv
     assert python_stubs(server.pid) == {stub.pid: True}
 
 
+def test_a_stub_that_dies_before_the_first_check_is_named(
+    model_stub: tuple[Path, Path], server: FakeTritonserver
+) -> None:
+    """The watch is made when tritonserver is ready; a stub killed before its first check is
+    still named by its model (a zombie's command line is empty)."""
+    stub = server.start(*map(str, model_stub))
+    assert wait_for(lambda: python_stubs(server.pid).get(stub.pid), 30, 0.01)
+    watch = StubWatch(server.pid)
+    stub.kill()
+    wait_zombie(stub.pid)
+    assert watch.dead() == [f"postprocessing (pid {stub.pid})"]
+
+
 def test_a_stub_dead_before_the_first_look_is_reported(
     stub_binary: Path, server: FakeTritonserver
 ) -> None:
