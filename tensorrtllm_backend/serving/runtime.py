@@ -9,7 +9,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..common.engine_config import EngineInfo, inspect_engine
 from ..common.guides import GuideCompiler
@@ -33,6 +33,9 @@ from ..triton.watchdog import StallWatchdog
 from .generation import EngineLimits, Generator
 from .metrics import generation_metrics
 from .routes import ROUTE_MODELS, Route
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +150,10 @@ class LLMRuntime:
         )
         if self._winding_down:  # told to stop while starting
             triton.wind_down()
+        guides_unsupported = self._guides_unsupported()
         # transformers' import and the tokenizer's load (~3 s) overlap tritonserver's start.
         tokenizer_loading = asyncio.ensure_future(
-            asyncio.to_thread(load_tokenizer, self.model_root / TOKENIZER)
+            asyncio.to_thread(self._load_tokenizer, guides_unsupported is None)
         )
         try:
             await asyncio.to_thread(triton.start)
@@ -166,7 +170,6 @@ class LLMRuntime:
             self.engine.vocab_size if self.engine else None,
             timeout_s=settings.guide_compile_timeout_s,
         )
-        guides_unsupported = self._guides_unsupported()
         if guides_unsupported is None:
             guides.warm_up_in_background()
         self._generator = Generator(
@@ -213,6 +216,20 @@ class LLMRuntime:
                 "pack_model.py --workflow llmapi, returns alternatives)"
             )
         return None
+
+    def _load_tokenizer(self, guided: bool) -> PreTrainedTokenizerBase:
+        """The stored tokenizer; with `guided`, xgrammar imported as well.
+
+        xgrammar imports torch. Imported here, during start-up, its objects are in the heap that
+        the service freezes once ready (deployment.freeze_startup_heap); imported by the guides'
+        warm-up after that, they would be walked by every full collection (~100 ms stalls of
+        every stream on two cores).
+        """
+        tokenizer = load_tokenizer(self.model_root / TOKENIZER)
+        if guided:
+            import xgrammar  # noqa: F401
+
+        return tokenizer
 
     def _guides_unsupported(self) -> str | None:
         """Why this model cannot enforce guided decoding, or None when it can."""
