@@ -69,9 +69,14 @@ def _recorded_class(tokenizer_dir: Path) -> type[PreTrainedTokenizerFast] | None
         return None
     import transformers
 
-    if record != {"class": "PreTrainedTokenizerFast", "transformers": transformers.__version__}:
-        return None
-    return transformers.PreTrainedTokenizerFast
+    return transformers.PreTrainedTokenizerFast if record == _generic_record() else None
+
+
+def _generic_record() -> dict[str, str]:
+    """What the record says of a generic fast tokenizer under the transformers running now."""
+    import transformers
+
+    return {"class": "PreTrainedTokenizerFast", "transformers": transformers.__version__}
 
 
 def record_tokenizer_class(tokenizer_dir: Path) -> None:
@@ -85,8 +90,7 @@ def record_tokenizer_class(tokenizer_dir: Path) -> None:
     )
     path = tokenizer_dir / TOKENIZER_CLASS_FILE
     if chosen is transformers.PreTrainedTokenizerFast:
-        record = {"class": "PreTrainedTokenizerFast", "transformers": transformers.__version__}
-        path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(_generic_record()) + "\n", encoding="utf-8")
     else:
         path.unlink(missing_ok=True)
 

@@ -294,14 +294,13 @@ class TritonSupervisor(TritonEndpoints):
             self._check_stubs = False
 
     def _restart_if_a_stub_died(self, run: _Run) -> None:
-        if not self._check_stubs or self._winding_down.is_set():
-            return  # a stopping tritonserver ends its stubs first
-        if self._stubs is None or self._stubs.root_pid != run.process.pid:
-            self._watch_stubs(run)
-        if self._stubs is None or not self._check_stubs:
+        stubs = self._stubs  # made by _launch_until_ready for each run that became ready
+        if not self._check_stubs or stubs is None or stubs.root_pid != run.process.pid:
             return
+        if self._winding_down.is_set():
+            return  # a stopping tritonserver ends its stubs first
         try:
-            dead = self._stubs.dead()
+            dead = stubs.dead()
         except Exception:  # an unreadable /proc must not end the supervision
             logger.exception("checking tritonserver's Python stubs failed; not checking again")
             self._check_stubs = False
