@@ -2,14 +2,14 @@
 (the stand-in decoding on a GPU; TensorRT-LLM is not involved).
 
 Every step is ONE forward over all active requests, as TensorRT-LLM's in-flight batching mixes
-context and generation requests in one step: the requests that decode feed their last token, the
-requests that join feed their whole prompt, each row left-padded to the widest input. The KV
-cache is one [rows, heads, width, dim] tensor per layer (:class:`_DecodeBatch`) with a mask of the
-columns that hold a row's tokens; joining leaves masked holes in the decoding rows, which a
-compaction removes once they outgrow the tokens. A prefill forward beside the decode forward
-made every step with a joiner cost two forwards, so a load whose requests arrive spread out (as
-through a serving layer) ran slower than one whose requests start together. The batch changes
-only where requests join or leave, with a few tensor operations per layer whatever its size.
+context and generation requests in one step, and the step's tokens are packed as TensorRT-LLM
+packs them: the decoding requests' last tokens and the joining requests' whole prompts in one
+row, with no padding. Only attention needs to know whose token is whose: the model runs with this
+module's attention function (:func:`_attention`), which writes each token's keys and values into
+its request's row of a slot cache (:class:`_SlotCache`, position p in column p) and attends per
+request. Padding the step instead (every decoding row as wide as the longest joining prompt) made
+each step with a joiner cost the prompt width for every row, so a load whose requests arrive
+spread out, as through a serving layer, ran slower than one whose requests start together.
 Torch and transformers are imported here only, so the synthetic mode never pays for them.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,64 +26,169 @@ from .request import GenRequest
 from .sampling import select_token
 from .scheduler import StepResult
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [rows, heads, width, dim]
+# The attention implementation the stand-in's model runs with; without a step layout (e.g.
+# transformers' own generate()) it is SDPA.
+ATTENTION = "trtllm_packed_step"
 
 
 @dataclass(slots=True)
 class _SeqState:
     generator: torch.Generator
     length: int = 0  # tokens in its cache; 0 until its prompt went through a forward
+    slot: int = -1  # its row of the slot cache, while it is in the batch
     matcher: object = None  # xgrammar.GrammarMatcher of a guided request
 
 
-class _DecodeBatch:
-    """The KV caches of the active requests, one [rows, heads, width, dim] tensor per layer (keys
-    and values), and `mask` [rows, width]: which columns hold a row's tokens, in order."""
+@dataclass(slots=True)
+class _StepLayout:
+    """Where one forward's packed tokens belong. The first `decoding` tokens are the decoding
+    requests' (one each), then the joining requests' prompts, one after the other. Tensors are
+    on the model's device; the masks are made once per step, not per layer."""
+
+    cache: _SlotCache
+    slots: torch.Tensor  # [tokens] each token's row of the slot cache
+    columns: torch.Tensor  # [tokens] and its column there: its position in its sequence
+    decoding: int
+    decode_slots: torch.Tensor  # [decoding]
+    decode_lengths: torch.Tensor  # [slots] tokens in each row after this step; 0: not decoding
+    decode_mask: torch.Tensor  # [slots, 1, 1, width] the columns each row's query sees
+    join_slots: torch.Tensor  # [joiners]
+    join_mask: torch.Tensor  # [joiners, 1, span, span] causal, within each prompt
+    join_gather: torch.Tensor  # [joiners * span] packed index of (joiner, column); padding: 0
+    join_valid: torch.Tensor  # [prompt tokens] the (joiner, column) entries that hold a token
+
+
+class _SlotCache:
+    """Keys and values per layer, one [rows, kv_heads, width, head_dim] tensor each: a request's
+    tokens in its own row ("slot"), the token at position p in column p. No padding, no holes;
+    a row's columns past its length are ignored, so a freed slot is reused as it is."""
 
     def __init__(self) -> None:
-        self.reqs: list[GenRequest] = []
-        self.layers: KV = []
-        self.mask: torch.Tensor | None = None  # 1 where a column holds a token; on the device
-        self.width = 0  # columns of the cache tensors
+        self.owners: list[GenRequest | None] = []  # the request in each slot
+        self.width = 0  # columns every layer's tensors have (grown on demand)
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def states(self) -> list[_SeqState]:
-        return [r.backend_state for r in self.reqs]  # type: ignore[misc]
+    def seat(self, active: list[GenRequest]) -> None:
+        """Free the slots of requests that left; give each new request a free slot."""
+        present = {id(req) for req in active}
+        for index, owner in enumerate(self.owners):
+            if owner is not None and id(owner) not in present:
+                self.owners[index] = None
+        while self.owners and self.owners[-1] is None:  # decode attention spans every slot
+            self.owners.pop()
+        for req in active:
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            if state.slot >= 0:
+                continue
+            free = next((i for i, owner in enumerate(self.owners) if owner is None), None)
+            if free is None:
+                free = len(self.owners)
+                self.owners.append(None)
+            self.owners[free], state.slot = req, free
 
-    def keep(self, reqs: list[GenRequest]) -> None:
-        """Keep the rows of `reqs` (all in the batch), in the batch's order; drop the others."""
-        wanted = {id(req) for req in reqs}
-        kept = [row for row, req in enumerate(self.reqs) if id(req) in wanted]
-        if len(kept) == len(self.reqs):
-            return
-        if not kept:
-            self.clear()
-            return
-        assert self.mask is not None
-        index = torch.tensor(kept, device=self.mask.device)
-        self.layers = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers]
-        self.mask = self.mask.index_select(0, index)
-        self.reqs = [self.reqs[row] for row in kept]
+    def reserve(self, width: int) -> None:
+        """Make room for `width` columns (the longest sequence after this step)."""
+        if width > self.width:
+            self.width = max(width, 2 * self.width, 64)
 
-    def compact(self) -> None:
-        """Right-align every row's tokens and drop the columns no row needs (one gather per
-        tensor), once holes and padding outnumber the longest row's tokens."""
-        longest = max(state.length for state in self.states())
-        if self.width - longest < max(longest, 32):
-            return
-        assert self.mask is not None
-        # A stable sort of the mask puts each row's empty columns first, its tokens after, in order.
-        order = torch.sort(self.mask, dim=1, stable=True).indices[:, -longest:]
-        layers: KV = []
-        for k, v in self.layers:
-            index = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-            layers.append((k.gather(2, index), v.gather(2, index)))
-        lengths = torch.tensor([s.length for s in self.states()], device=order.device)
-        columns = torch.arange(longest, device=order.device)
-        self.mask = (columns >= (longest - lengths)[:, None]).long()
-        self.layers, self.width = layers, longest
+    def tensors(self, layer: int, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's cache, made or grown to the slots and width needed, like `keys`."""
+        rows = len(self.owners)
+        have = self.layers.get(layer)
+        if have is not None and have[0].shape[0] >= rows and have[0].shape[2] >= self.width:
+            return have
+        _, heads, _, dim = keys.shape
+        if have is not None and have[0].shape[0] < rows:
+            rows = max(rows, 2 * have[0].shape[0])  # grow by doubling, not one slot at a time
+        elif have is not None:
+            rows = have[0].shape[0]
+        shape = (rows, heads, self.width, dim)
+        grown = (keys.new_zeros(shape), keys.new_zeros(shape))
+        if have is not None:
+            old_rows, _, old_width, _ = have[0].shape
+            for new, old in zip(grown, have, strict=True):
+                new[:old_rows, :, :old_width] = old
+        self.layers[layer] = grown
+        return grown
 
-    def clear(self) -> None:
-        self.reqs, self.layers, self.mask, self.width = [], [], None, 0
+
+def _attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    trtllm_step: _StepLayout | None = None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over a packed step: query [1, heads, tokens, dim], key and value [1, kv_heads,
+    tokens, dim] for this step's tokens only. Writes them into the slot cache, then attends per
+    request: the decoding tokens each to their own row, the prompts causally to themselves.
+    Returns [1, tokens, heads, dim]."""
+    if trtllm_step is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        return sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"the hf engine cannot run attention with {unsupported}")
+    window = kwargs.get("sliding_window")
+    step = trtllm_step
+    keys, values = step.cache.tensors(module.layer_idx, key)  # type: ignore[arg-type]
+    # [tokens, kv_heads, dim] into (slot, column) of each token
+    keys[step.slots, :, step.columns] = key[0].transpose(0, 1)
+    values[step.slots, :, step.columns] = value[0].transpose(0, 1)
+    heads, dim = query.shape[1], query.shape[3]
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    tokens = query[0].transpose(0, 1)  # [tokens, heads, dim]
+    out = []
+    if step.decoding:
+        # Every slot's row of the cache as it lies, each with one query (a zero one where the
+        # slot does not decode), its heads grouped by their key-value head: no cache copied.
+        rows, _, _, width = step.decode_mask.shape
+        mask = step.decode_mask
+        if window:
+            columns = torch.arange(width, device=query.device)
+            mask = mask & (columns > step.decode_lengths[:, None] - 1 - window)[:, None, None]
+        q = query.new_zeros((rows, heads, dim)).index_copy_(
+            0, step.decode_slots, tokens[: step.decoding]
+        )
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q.view(rows, kv_heads, groups, dim),
+            keys[:rows, :, :width],
+            values[:rows, :, :width],
+            attn_mask=mask,
+            scale=scaling,
+        )
+        out.append(attended.reshape(rows, heads, dim).index_select(0, step.decode_slots))
+    if step.join_slots.shape[0]:
+        joiners, _, span, _ = step.join_mask.shape
+        mask = step.join_mask
+        if window:
+            columns = torch.arange(span, device=query.device)
+            mask = mask & (columns[None, :] > columns[:, None] - window)
+        q = tokens.index_select(0, step.join_gather).view(joiners, span, heads, dim)
+        k = keys[:, :, :span].index_select(0, step.join_slots).repeat_interleave(groups, dim=1)
+        v = values[:, :, :span].index_select(0, step.join_slots).repeat_interleave(groups, dim=1)
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k, v, attn_mask=mask, scale=scaling
+        )  # [joiners, heads, span, dim]
+        flat = attended.transpose(1, 2).reshape(joiners * span, heads, dim)
+        out.append(flat.index_select(0, step.join_valid))
+    return torch.cat(out)[None] if len(out) > 1 else out[0][None], None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _attention)
+    # generate() without a layout builds the masks SDPA takes.
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
 class _GuideStep:
@@ -159,10 +265,12 @@ class HFBackend:
             str(checkpoint_dir), local_files_only=True, dtype=dtype
         ).to(self.device)
         self.model.eval()
+        _register_attention()
+        self.model.set_attn_implementation(ATTENTION)
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._guides: _GuideStep | None = None  # made with the first guided request
-        self._batch = _DecodeBatch()
+        self._cache = _SlotCache()
 
     # -- Backend protocol ---------------------------------------------------------------------
     def admit(self, req: GenRequest) -> None:
@@ -215,66 +323,82 @@ class HFBackend:
     def _forward(
         self, active: list[GenRequest], joining: list[GenRequest]
     ) -> dict[int, torch.Tensor]:
-        """One forward of every active request: the decoding rows' last token and the joining
-        rows' prompts, each right-aligned in an input as wide as the longest prompt (1 when
-        nobody joins), over the batch's caches. The last position's logits of each request, by
+        """One forward of every active request, packed: the decoding requests' last tokens, then
+        the joining requests' prompts. The last position's logits of each request, by
         id(request), on the CPU."""
-        from transformers import DynamicCache
-
-        cache = self._batch
+        cache = self._cache
+        cache.seat(active)
         joined = {id(req) for req in joining}
-        cache.keep([req for req in active if id(req) not in joined])
-        decoding = cache.reqs
-        span = max((len(req.prompt) for req in joining), default=1)
-        rows = len(decoding) + len(joining)
-        ids = torch.zeros((rows, span), dtype=torch.long)
-        fresh = torch.zeros((rows, span), dtype=torch.long)  # the columns this forward fills
-        positions = torch.zeros((rows, span), dtype=torch.long)
-        for row, req in enumerate(decoding):
-            ids[row, -1] = req.generated[-1]
-            fresh[row, -1] = 1
-            positions[row, -1] = req.backend_state.length  # type: ignore[union-attr]
-        for row, req in enumerate(joining, start=len(decoding)):
-            length = len(req.prompt)
-            ids[row, span - length :] = torch.tensor(req.prompt, dtype=torch.long)
-            fresh[row, span - length :] = 1
-            positions[row, span - length :] = torch.arange(length)
-        device = self.device
-        fresh = fresh.to(device)
-        if cache.width:
-            assert cache.mask is not None
-            # Joining rows have no past: empty, masked columns in front of their prompt.
-            past = torch.cat([cache.mask, cache.mask.new_zeros((len(joining), cache.width))])
-            layers = [
-                (_append_rows(k, len(joining)), _append_rows(v, len(joining)))
-                for k, v in cache.layers
-            ]
-            mask = torch.cat([past, fresh], dim=1)
-            past_key_values = DynamicCache(layers)
-        else:
-            mask, past_key_values = fresh, DynamicCache()
-        out = self.model(
-            input_ids=ids.to(device),
-            attention_mask=mask,
-            position_ids=positions.to(device),
-            past_key_values=past_key_values,
-            use_cache=True,
+        decoding = [req for req in active if id(req) not in joined]
+        ids: list[int] = []
+        slots: list[int] = []
+        columns: list[int] = []
+        lengths: list[int] = []
+        for req in decoding:
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            ids.append(req.generated[-1])
+            slots.append(state.slot)
+            columns.append(state.length)
+            lengths.append(state.length + 1)
+        last = list(range(len(decoding)))  # packed index of each request's last token
+        span = max((len(req.prompt) for req in joining), default=0)
+        gather: list[int] = []
+        valid: list[int] = []
+        for index, req in enumerate(joining):
+            state = req.backend_state  # type: ignore[assignment]
+            start, length = len(ids), len(req.prompt)
+            ids.extend(req.prompt)
+            slots.extend([state.slot] * length)
+            columns.extend(range(length))
+            gather.extend([start + c if c < length else 0 for c in range(span)])
+            valid.extend(range(index * span, index * span + length))
+            last.append(start + length - 1)
+        lengths_by_slot = [0] * len(cache.owners)
+        for slot, length in zip(slots[: len(decoding)], lengths, strict=True):
+            lengths_by_slot[slot] = length
+        cache.reserve(max(lengths + [span]))
+        width = max(lengths, default=0)
+        # One copy to the device for all of the step's index lists.
+        parts = [ids, slots, columns, last, lengths_by_slot, gather, valid,
+                 [req.backend_state.slot for req in joining],  # type: ignore[union-attr]
+                 [len(req.prompt) for req in joining]]  # fmt: skip
+        flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
+        on_device = flat.to(self.device, non_blocking=True).split([len(part) for part in parts])
+        ids_t, slots_t, columns_t, last_t, lengths_t, gather_t, valid_t, join_t, prompts_t = (
+            on_device
         )
-        cache.reqs = decoding + joining
-        cache.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        cache.mask, cache.width = mask, cache.width + span
+        decode_columns = torch.arange(width, device=self.device)
+        decode_mask = (decode_columns < lengths_t[:, None]) | (
+            (lengths_t == 0)[:, None] & (decode_columns == 0)  # idle slots: a finite softmax
+        )
+        join_columns = torch.arange(span, device=self.device)
+        join_mask = (join_columns[None, :] <= join_columns[:, None])[None] & (
+            join_columns < prompts_t[:, None]
+        )[:, None, :]
+        layout = _StepLayout(
+            cache=cache,
+            slots=slots_t,
+            columns=columns_t,
+            decoding=len(decoding),
+            decode_slots=slots_t[: len(decoding)],
+            decode_lengths=lengths_t,
+            decode_mask=decode_mask[:, None, None, :],
+            join_slots=join_t,
+            join_mask=join_mask[:, None],
+            join_gather=gather_t,
+            join_valid=valid_t,
+        )
+        out = self.model(
+            input_ids=ids_t[None],
+            position_ids=columns_t[None],
+            use_cache=False,
+            logits_to_keep=last_t,
+            trtllm_step=layout,
+        )
         for req in decoding:
             req.backend_state.length += 1  # type: ignore[union-attr]
         for req in joining:
             req.backend_state.length = len(req.prompt)  # type: ignore[union-attr]
-        cache.compact()
         # Sampling runs on the CPU with each request's own seeded generator.
-        last = out.logits[:, -1].float().cpu()  # one copy for the batch, not one per row
-        return {id(req): last[row] for row, req in enumerate(cache.reqs)}
-
-
-def _append_rows(tensor: torch.Tensor, count: int) -> torch.Tensor:
-    """[rows, heads, width, dim] -> [rows + count, heads, width, dim], the new rows zero."""
-    if not count:
-        return tensor
-    return torch.nn.functional.pad(tensor, (0, 0, 0, 0, 0, 0, 0, count))
+        logits = out.logits[0].float().cpu()  # one copy for the batch, not one per row
+        return {id(req): logits[row] for row, req in enumerate(decoding + joining)}

@@ -4,6 +4,7 @@ decode equal unbatched, seeded sampling is reproducible, log probs are real; dem
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import pytest
 from cpu_engine_helpers import make_request, make_sequences, run_to_end
@@ -72,50 +73,54 @@ def test_batched_decode_equals_unbatched(scheduler, demo_tokenizer):
     assert together == alone
 
 
+@dataclass
+class Step:
+    decoding: int  # requests that fed their last token
+    prompts: list[int]  # the prompt length of each request that joined
+    forwards: list[tuple[int, ...]]  # the input shape of each model forward the step ran
+
+
 @pytest.fixture
-def forwards(backend, monkeypatch):
-    """The input shape of every forward from now on, and the cache width at every compaction."""
-    from tensorrtllm_backend.python_models.cpu_engine import hf
+def steps(backend, monkeypatch):
+    """Every step from now on: who was in it, and the model forwards it ran."""
+    recorded: list[Step] = []
+    shapes: list[tuple[int, ...]] = []
+    forward = backend._forward
 
-    shapes: list[tuple[int, int]] = []
-    compacted: list[int] = []
-    compact = hf._DecodeBatch.compact
+    def recording_forward(active, joining):
+        shapes.clear()
+        logits = forward(active, joining)
+        prompts = [len(req.prompt) for req in joining]
+        recorded.append(Step(len(active) - len(joining), prompts, list(shapes)))
+        return logits
 
-    def counting_compact(self):
-        width = self.width
-        compact(self)
-        if self.width != width:
-            compacted.append(width)
-
-    monkeypatch.setattr(hf._DecodeBatch, "compact", counting_compact)
+    monkeypatch.setattr(backend, "_forward", recording_forward)
     hook = backend.model.register_forward_pre_hook(
         lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
-    yield shapes, compacted
+    yield recorded
     hook.remove()
 
 
-def test_requests_joining_together_share_one_prefill(scheduler, demo_tokenizer, forwards):
+def test_requests_joining_together_share_one_forward(scheduler, demo_tokenizer, steps):
     prompts = [encode(demo_tokenizer, p) for p in PROMPTS]
     alone = [run_to_end(scheduler, [make_request(p, NEW_TOKENS)])[0] for p in prompts]
-    shapes, _ = forwards
-    shapes.clear()
+    steps.clear()
     together = run_to_end(scheduler, [make_request(p, NEW_TOKENS) for p in prompts])
     assert together == alone
-    prefills = [shape for shape in shapes if shape[1] > 1]
-    assert prefills == [(len(prompts), max(len(p) for p in prompts))]
+    lengths = [len(p) for p in prompts]
+    # The prompts packed one after the other in one row: no padding to the longest.
+    assert steps[0] == Step(0, lengths, [(1, sum(lengths))])
+    assert all(step == Step(len(prompts), [], [(1, len(prompts))]) for step in steps[1:])
 
 
 def test_staggered_joins_run_in_the_decode_forward_and_equal_unbatched(
-    scheduler, demo_tokenizer, forwards
+    scheduler, demo_tokenizer, steps
 ):
-    # Long prompts and outputs: the holes each join leaves in the decoding rows outgrow their
-    # tokens, so the cache is compacted along the way.
     prompts = [encode(demo_tokenizer, p * 3) for p in PROMPTS] * 2
     new_tokens = 40
     alone = [run_to_end(scheduler, [make_request(p, new_tokens)])[0] for p in prompts]
-    shapes, compacted = forwards
-    shapes.clear()
+    steps.clear()
     reqs = [make_request(p, new_tokens, streaming=True) for p in prompts]
     for req, sink in reqs:  # each joins once the previous one produced a token
         scheduler.submit(req)
@@ -123,10 +128,11 @@ def test_staggered_joins_run_in_the_decode_forward_and_equal_unbatched(
     for _, sink in reqs:
         assert sink.done.wait(30)
     assert [req.generated for req, _ in reqs] == alone
-    # A joiner's prompt rides in the same forward as the rows decoding: one forward per step.
-    mixed = [shape for shape in shapes if shape[0] > 1 and shape[1] > 1]
+    # One forward per step, as wide as its tokens: the rows decoding feed one token each,
+    # whoever joins its prompt, nobody pads to anybody else's width.
+    assert all(step.forwards == [(1, step.decoding + sum(step.prompts))] for step in steps)
+    mixed = [step for step in steps if step.decoding and step.prompts]
     assert len(mixed) == len(prompts) - 1
-    assert compacted
 
 
 def test_same_seed_same_sample(scheduler, demo_tokenizer):
@@ -242,3 +248,32 @@ def test_return_sequences_greedy_are_identical(scheduler, demo_tokenizer):
     prompt = encode(demo_tokenizer, PROMPTS[2])
     got = run_to_end(scheduler, make_sequences(prompt, 10, 3, sampling=SamplingParams(seed=4)))
     assert got[0] == got[1] == got[2] == run_to_end(scheduler, [make_request(prompt, 10)])[0]
+
+
+def test_sliding_window_attention_equals_transformers_generate(tmp_path):
+    """A model whose attention sees only the last few positions (Mistral's sliding window):
+    packed steps, joiners beside decoding rows, give what transformers' generate() gives."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        sliding_window=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    backend = HFBackend(tmp_path, num_threads=1, device="cpu")
+    prompts = [[5, 9, 17, 33, 2, 71, 8], [40, 41], [3, 90, 91, 92, 93, 94, 95, 96, 12, 13]]
+    sched = Scheduler(backend, max_batch_size=4)
+    sched.start()
+    try:
+        reqs = [make_request(p, 12, streaming=True) for p in prompts]
+        for req, sink in reqs:  # each joins while the ones before it decode
+            sched.submit(req)
+            assert sink.first_token.wait(30)
+        for _, sink in reqs:
+            assert sink.done.wait(30) and sink.error is None
+    finally:
+        sched.stop()
+    for prompt, (req, _) in zip(prompts, reqs, strict=True):
+        assert req.generated == reference_greedy(backend.model, prompt, 12)
