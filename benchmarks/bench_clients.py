@@ -355,6 +355,9 @@ class OpenAICompletions:
             "model": self.model, "prompt": prompt.text, "max_tokens": self.max_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
             "seed": 0,  # the engine's default: without it the OpenAI API draws a random seed
+            # Greedy, as the gRPC and native requests (no sampling inputs) are: OpenAI's default
+            # temperature of 1 would make the engine sample, other work than theirs per token.
+            "temperature": 0,
         }  # fmt: skip
         record = RequestRecord(start=time.perf_counter(), end=0.0, expected_tokens=self.max_tokens)
         parts: list[str] = []
