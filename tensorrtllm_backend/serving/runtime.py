@@ -7,7 +7,6 @@ import asyncio
 import importlib.util
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from ..triton.watchdog import StallWatchdog
 from .generation import EngineLimits, Generator
 from .metrics import generation_metrics
 from .routes import ROUTE_MODELS, Route
+from .run_dir import make_run_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -124,7 +124,7 @@ class LLMRuntime:
         return self._generator
 
     async def start(self) -> None:
-        self._run_dir = Path(tempfile.mkdtemp(prefix="trtllm-run-"))
+        self._run_dir = await asyncio.to_thread(make_run_dir)
         settings = self.settings
         repository = localize_repository(
             self.model_root / REPOSITORY,
