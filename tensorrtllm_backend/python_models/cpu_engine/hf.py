@@ -267,6 +267,12 @@ class HFBackend:
         self.model.eval()
         _register_attention()
         self.model.set_attn_implementation(ATTENTION)
+        if self.model.config._attn_implementation != ATTENTION:
+            # Its attention would ignore the step's layout and see no cache at all.
+            raise ValueError(
+                f"{type(self.model).__name__} does not take a custom attention function "
+                "(transformers' AttentionInterface), which the hf engine runs its steps with"
+            )
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._guides: _GuideStep | None = None  # made with the first guided request
