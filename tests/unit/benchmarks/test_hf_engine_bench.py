@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from benchmarks import hf_engine_bench  # noqa: E402
+from benchmarks import hf_engine_bench
 
 
 def test_a_tiny_run_measures_both_patterns(tmp_path: Path, capsys) -> None:
