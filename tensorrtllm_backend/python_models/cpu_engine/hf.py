@@ -46,6 +46,8 @@ class _StepLayout:
     on the model's device; the masks are made once per step, not per layer."""
 
     cache: _SlotCache
+    input_ids: torch.Tensor  # [tokens]
+    last: torch.Tensor  # [requests] packed index of each request's last token
     slots: torch.Tensor  # [tokens] each token's row of the slot cache
     columns: torch.Tensor  # [tokens] and its column there: its position in its sequence
     decoding: int
@@ -56,6 +58,73 @@ class _StepLayout:
     join_mask: torch.Tensor  # [joiners, 1, span, span] causal, within each prompt
     join_gather: torch.Tensor  # [joiners * span] packed index of (joiner, column); padding: 0
     join_valid: torch.Tensor  # [prompt tokens] the (joiner, column) entries that hold a token
+
+    @classmethod
+    def pack(
+        cls,
+        cache: _SlotCache,
+        decoding: list[GenRequest],
+        joining: list[GenRequest],
+        device: torch.device,
+    ) -> _StepLayout:
+        """The layout of a step: `decoding` feed their last token, `joining` their prompt (every
+        request already seated in `cache`)."""
+        ids: list[int] = []
+        slots: list[int] = []
+        columns: list[int] = []
+        lengths_by_slot = [0] * len(cache.owners)
+        for req in decoding:
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            ids.append(req.generated[-1])
+            slots.append(state.slot)
+            columns.append(state.length)
+            lengths_by_slot[state.slot] = state.length + 1
+        last = list(range(len(decoding)))
+        span = max((len(req.prompt) for req in joining), default=0)
+        gather: list[int] = []
+        valid: list[int] = []
+        for index, req in enumerate(joining):
+            state = req.backend_state  # type: ignore[assignment]
+            start, length = len(ids), len(req.prompt)
+            ids.extend(req.prompt)
+            slots.extend([state.slot] * length)
+            columns.extend(range(length))
+            gather.extend([start + c if c < length else 0 for c in range(span)])
+            valid.extend(range(index * span, index * span + length))
+            last.append(start + length - 1)
+        width = max(lengths_by_slot, default=0)
+        cache.reserve(max(width, span))
+        # One copy to the device for all of the step's index lists.
+        parts = [ids, slots, columns, last, lengths_by_slot, gather, valid,
+                 [req.backend_state.slot for req in joining],  # type: ignore[union-attr]
+                 [len(req.prompt) for req in joining]]  # fmt: skip
+        flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
+        ids_t, slots_t, columns_t, last_t, lengths_t, gather_t, valid_t, join_t, prompts_t = (
+            flat.to(device).split([len(part) for part in parts])
+        )
+        decode_columns = torch.arange(width, device=device)
+        decode_mask = (decode_columns < lengths_t[:, None]) | (
+            (lengths_t == 0)[:, None] & (decode_columns == 0)  # idle slots: a finite softmax
+        )
+        join_columns = torch.arange(span, device=device)
+        join_mask = (join_columns[None, :] <= join_columns[:, None])[None] & (
+            join_columns < prompts_t[:, None]
+        )[:, None, :]
+        return cls(
+            cache=cache,
+            input_ids=ids_t,
+            last=last_t,
+            slots=slots_t,
+            columns=columns_t,
+            decoding=len(decoding),
+            decode_slots=slots_t[: len(decoding)],
+            decode_lengths=lengths_t,
+            decode_mask=decode_mask[:, None, None, :],
+            join_slots=join_t,
+            join_mask=join_mask[:, None],
+            join_gather=gather_t,
+            join_valid=valid_t,
+        )
 
 
 class _SlotCache:
@@ -336,70 +405,13 @@ class HFBackend:
         cache.seat(active)
         joined = {id(req) for req in joining}
         decoding = [req for req in active if id(req) not in joined]
-        ids: list[int] = []
-        slots: list[int] = []
-        columns: list[int] = []
-        lengths: list[int] = []
-        for req in decoding:
-            state: _SeqState = req.backend_state  # type: ignore[assignment]
-            ids.append(req.generated[-1])
-            slots.append(state.slot)
-            columns.append(state.length)
-            lengths.append(state.length + 1)
-        last = list(range(len(decoding)))  # packed index of each request's last token
-        span = max((len(req.prompt) for req in joining), default=0)
-        gather: list[int] = []
-        valid: list[int] = []
-        for index, req in enumerate(joining):
-            state = req.backend_state  # type: ignore[assignment]
-            start, length = len(ids), len(req.prompt)
-            ids.extend(req.prompt)
-            slots.extend([state.slot] * length)
-            columns.extend(range(length))
-            gather.extend([start + c if c < length else 0 for c in range(span)])
-            valid.extend(range(index * span, index * span + length))
-            last.append(start + length - 1)
-        lengths_by_slot = [0] * len(cache.owners)
-        for slot, length in zip(slots[: len(decoding)], lengths, strict=True):
-            lengths_by_slot[slot] = length
-        cache.reserve(max(lengths + [span]))
-        width = max(lengths, default=0)
-        # One copy to the device for all of the step's index lists.
-        parts = [ids, slots, columns, last, lengths_by_slot, gather, valid,
-                 [req.backend_state.slot for req in joining],  # type: ignore[union-attr]
-                 [len(req.prompt) for req in joining]]  # fmt: skip
-        flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
-        on_device = flat.to(self.device, non_blocking=True).split([len(part) for part in parts])
-        ids_t, slots_t, columns_t, last_t, lengths_t, gather_t, valid_t, join_t, prompts_t = (
-            on_device
-        )
-        decode_columns = torch.arange(width, device=self.device)
-        decode_mask = (decode_columns < lengths_t[:, None]) | (
-            (lengths_t == 0)[:, None] & (decode_columns == 0)  # idle slots: a finite softmax
-        )
-        join_columns = torch.arange(span, device=self.device)
-        join_mask = (join_columns[None, :] <= join_columns[:, None])[None] & (
-            join_columns < prompts_t[:, None]
-        )[:, None, :]
-        layout = _StepLayout(
-            cache=cache,
-            slots=slots_t,
-            columns=columns_t,
-            decoding=len(decoding),
-            decode_slots=slots_t[: len(decoding)],
-            decode_lengths=lengths_t,
-            decode_mask=decode_mask[:, None, None, :],
-            join_slots=join_t,
-            join_mask=join_mask[:, None],
-            join_gather=gather_t,
-            join_valid=valid_t,
-        )
+        step = _StepLayout.pack(cache, decoding, joining, self.device)
         out = self.model(
-            input_ids=ids_t[None],
-            position_ids=columns_t[None],
+            input_ids=step.input_ids[None],
+            position_ids=step.columns[None],
             use_cache=False,
-            logits_to_keep=last_t,
-            trtllm_step=layout,
+            logits_to_keep=step.last,
+            trtllm_step=step,
         )
         for req in decoding:
             req.backend_state.length += 1  # type: ignore[union-attr]
