@@ -368,8 +368,8 @@ class HFBackend:
         req.backend_state = _SeqState(generator=generator, matcher=matcher)
 
     def release(self, req: GenRequest) -> None:
-        """Nothing to free at once: its row stays in the batch until the next step keeps only the
-        requests that are still active."""
+        """Nothing to free at once: the next step's seating frees the slot of every request that
+        is no longer active (:meth:`_SlotCache.seat`)."""
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
