@@ -15,6 +15,10 @@ figures and, per pair, the median ratio with its spread (min..max over rounds).
     .venv/bin/python benchmarks/ab.py --base ea66ac5                  # working tree vs ea66ac5
     .venv/bin/python benchmarks/ab.py --base main~3 --candidate main  # two refs
     .venv/bin/python benchmarks/ab.py --base HEAD --rounds 5 --concurrency 64 --itl-ms 0
+    .venv/bin/python benchmarks/ab.py --base /tmp/base --workers 4      # an exported tree
+
+A folder given as a ref is used as it is: on a machine without the repository's history (the GPU
+host), export the base with `git archive REF | tar -x -C DIR` and carry it there.
 
 Run it before and after changing the request path (serving/, triton/, the CPU engine): on a
 2-core machine a single run of either side minutes apart differs by more than most changes.
@@ -81,6 +85,9 @@ class Measured:
     summary: TargetSummary
     serving_cpu_us: float | None = None  # per token, BentoML processes
     triton_cpu_us: float | None = None  # per token, tritonserver and its stubs
+    # Per token, this process: the load generator. Its event loop also waits between a token's
+    # arrival and its record, so a client that costs more per token inflates its TTFT.
+    client_cpu_us: float | None = None
 
 
 @dataclass
@@ -95,8 +102,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--base", required=True, help="git ref of the base side")
-    parser.add_argument("--candidate", help="git ref of the candidate (default: the working tree)")
+    parser.add_argument("--base", required=True, help="git ref (or folder) of the base side")
+    parser.add_argument(
+        "--candidate", help="git ref (or folder) of the candidate (default: the working tree)"
+    )
+    parser.add_argument("--workers", type=int, default=1, help="TRTLLM_WORKERS of both sides")
     parser.add_argument("--itl-ms", type=float, default=20.0, help="synthetic inter-token latency")
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--requests", type=int, default=256, help="per target and round")
@@ -136,7 +146,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 @contextlib.contextmanager
 def checkout(ref: str, parent: Path) -> Iterator[Path]:
-    """A detached worktree of `ref` under `parent`, removed afterwards."""
+    """A detached worktree of `ref` under `parent`, removed afterwards; a folder as it is."""
+    if Path(ref).is_dir():
+        yield Path(ref).resolve()
+        return
     path = parent / f"wt-{ref.replace('/', '_').replace('~', '-')}"
     subprocess.run(
         ["git", "worktree", "add", "--detach", "--force", str(path), ref],
@@ -151,23 +164,28 @@ def checkout(ref: str, parent: Path) -> Iterator[Path]:
 
 
 def pack(side: Side, args: argparse.Namespace, workflow: str = "engine") -> PackedModel:
-    """The synthetic model, packed by this side's own pack_model.py."""
+    """The synthetic model, packed by this side's own pack_model.py (the engine workflow is
+    its default, and versions older than --workflow know no other)."""
     processes = side.processes
     pack_args = (
         "--synthetic", "--itl-ms", str(args.itl_ms), "--max-batch-size", str(args.concurrency),
-        "--max-seq-len", str(max(2048, args.max_tokens + 1100)), "--workflow", workflow,
+        "--max-seq-len", str(max(2048, args.max_tokens + 1100)),
     )  # fmt: skip
+    if workflow != "engine":
+        pack_args = (*pack_args, "--workflow", workflow)
     return processes.pack(*pack_args, name=f"ab-{side.name}", root=side.root)
 
 
-def start_service(side: Side) -> Service:
+def start_service(side: Side, workers: int) -> Service:
     assert side.model is not None
     env = {
+        "TRTLLM_WORKERS": str(workers),
         **side.env,
         "TRTLLM_MODEL": side.model.tag,
         "TRTLLM_TRITON_GRPC_PORT": str(find_free_port()),
     }
     service = side.processes.start_service(f"ab-{side.name}", "service:TRTLLM", side.root, env)
+    side.processes.wait_workers(service, int(env["TRTLLM_WORKERS"]))
     service.triton_grpc_url = f"127.0.0.1:{env['TRTLLM_TRITON_GRPC_PORT']}"
     return service
 
@@ -181,15 +199,24 @@ async def measure(
 ) -> Measured:
     await bench_clients.run_load(request, prompts, args.warmup, min(args.warmup, args.concurrency))
     before = side.process_tree_cpu_s() if side else None
+    client_before = _own_cpu_s()
     records, wall = await bench_clients.run_load(request, prompts, args.requests, args.concurrency)
+    client_s = _own_cpu_s() - client_before
     summary = summarize(target, "ab", args.concurrency, records, wall)
     measured = Measured(summary)
+    if summary.output_tokens:
+        measured.client_cpu_us = client_s * 1e6 / summary.output_tokens
     if side is not None and before is not None and summary.output_tokens:
         after = side.process_tree_cpu_s()
         tokens = summary.output_tokens
         measured.serving_cpu_us = (after[0] - before[0]) * 1e6 / tokens
         measured.triton_cpu_us = (after[1] - before[1]) * 1e6 / tokens
     return measured
+
+
+def _own_cpu_s() -> float:
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
 
 
 def spread(values: Sequence[float]) -> str:
@@ -211,14 +238,18 @@ def ratios(rounds: Rounds, target: str, reference: str) -> tuple[list[float], li
 
 
 def report(rounds: Rounds, sides: Sequence[Side]) -> str:
-    lines = ["per round: tok/s  TTFT p50 ms  serving CPU us/tok  triton CPU us/tok  err/short"]
+    lines = [
+        "per round: tok/s  TTFT p50 ms  serving CPU us/tok  triton CPU us/tok  "
+        "client CPU us/tok  err/short"
+    ]
     for target, results in rounds.results.items():
         for index, m in enumerate(results):
             s = m.summary
             lines.append(
                 f"  {target:<16} r{index + 1}  {s.tokens_per_s:8.0f}  "
                 f"{format_number(s.ttft_ms.p50):>8}  {format_number(m.serving_cpu_us, 0):>6}  "
-                f"{format_number(m.triton_cpu_us, 0):>6}  {s.errors}/{s.short + s.mismatched}"
+                f"{format_number(m.triton_cpu_us, 0):>6}  {format_number(m.client_cpu_us, 0):>6}  "
+                f"{s.errors}/{s.short + s.mismatched}"
             )
     lines.append("")
     lines.append("pair                           tok/s ratio median (min..max)   TTFT p50 delta ms")
@@ -300,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for side in sides:
             side.env = args.base_env if side.name == "base" else args.candidate_env
             side.model = pack(side, args, args.workflow)
-            side.service = start_service(side)
+            side.service = start_service(side, args.workers)
             print(
                 f"{side.name} ({side.ref}) ready in {side.service.cold_start_s:.1f} s", flush=True
             )
@@ -314,7 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": {
                 target: [
                     m.summary.as_dict()
-                    | {"serving_cpu_us": m.serving_cpu_us, "triton_cpu_us": m.triton_cpu_us}
+                    | {
+                        "serving_cpu_us": m.serving_cpu_us,
+                        "triton_cpu_us": m.triton_cpu_us,
+                        "client_cpu_us": m.client_cpu_us,
+                    }
                     for m in results
                 ]
                 for target, results in rounds.results.items()
