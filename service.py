@@ -45,6 +45,7 @@ from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.serving.parent_watch import follow_parent, on_stop_signal
 from tensorrtllm_backend.serving.request_errors import RequestError
+from tensorrtllm_backend.serving.request_timeout import run_request_timeout_inline
 from tensorrtllm_backend.serving.runtime import LLMRuntime
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
@@ -58,6 +59,7 @@ WORKERS = load_settings().workers
 share_triton_ports(WORKERS)  # in `bentoml serve`'s own process, before it starts the workers
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
 log_server_errors_once()
+run_request_timeout_inline()  # before BentoML's worker builds its app
 log_api_errors_briefly()
 
 

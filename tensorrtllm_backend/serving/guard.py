@@ -10,8 +10,8 @@ For each request, in this order (what each API gets is read from the registry, :
 4. the body is read here, counting the bytes received (chunked uploads have no
    Content-Length): past the limit it is a 413 before more is buffered, and the API never
    starts;
-5. the API runs in a task of its own while the client's connection is watched: when the client
-   goes away before the answer is complete, the task is cancelled, so a generation nobody will
+5. the API runs while the client's connection is watched: when the client goes away before
+   the answer is complete, the API is cancelled, so a generation nobody will
    read stops (its Triton request is cancelled, its slot freed), streamed or not, before its
    first token or after. BentoML and Starlette notice a disconnect only when they next write,
    i.e. never while a non-streamed request or a stream's first token is still being generated.
@@ -134,15 +134,23 @@ async def _read_body(receive: Receive, limit: int) -> deque[Message] | int | Non
 async def _run_while_connected(
     app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: deque[Message]
 ) -> None:
-    """Run the API on the body already read; cancel it if the client disconnects before the
-    response is complete.
+    """Run the API on the body already read, in this task; cancel it if the client disconnects
+    before the response is complete.
 
     Once the body is read, the server's `receive` only reports the end of the connection (or
-    of the response). One watcher waits for it; the API's own `receive` calls, after the body,
-    get the same message, so Starlette's disconnect listener keeps working.
+    of the response). One watcher task waits for it, beside the API and off its way to the first
+    token. The API runs inline, not in a task of its own: on a busy event loop every task start
+    on the way to the first token waits a turn behind the other streams' tokens
+    (docs/performance.md, "Event-loop turns before the first token").
+
+    The API sees ASGI spec 2.4: its `send` raises OSError once the client is gone, so Starlette
+    streams in the request's task instead of starting one to listen for the disconnect (this
+    watcher does that). Its own `receive` calls, after the body, get the watcher's message.
     """
-    started = complete = False
+    started = complete = gone = running = False
     ended: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+    task = asyncio.current_task()
+    assert task is not None
 
     async def replay() -> Message:
         if body:
@@ -151,14 +159,13 @@ async def _run_while_connected(
 
     async def send_watched(message: Message) -> None:
         nonlocal started, complete
+        if gone:
+            raise OSError("the client closed the connection")
         if message["type"] == "http.response.start":
             started = True
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             complete = True
         await send(message)
-
-    task = asyncio.ensure_future(app(scope, replay, send_watched))
-    gone = False
 
     async def watch() -> None:
         nonlocal gone
@@ -167,22 +174,34 @@ async def _run_while_connected(
         except Exception:  # the server cannot tell any more: take it as the end
             message = {"type": "http.disconnect"}
         ended.set_result(message)
-        if message["type"] == "http.disconnect" and not complete and not task.done():
+        if message["type"] == "http.disconnect" and not complete and running:
             gone = True
             task.cancel()
 
+    scope["asgi"] = {**scope.get("asgi", {}), "spec_version": "2.4"}
     watcher = asyncio.ensure_future(watch())
+    running = True
     try:
-        await asyncio.shield(task)
+        await app(scope, replay, send_watched)
     except asyncio.CancelledError:
-        if not gone:  # the server cancels this request (shutdown): the API goes too
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if not gone:  # the server cancels this request (shutdown): the API went with it
             raise
     finally:
+        running = False
         watcher.cancel()
+        if gone:
+            _uncancel(task)
     if gone and not started:
         await _answer_departed(send)
+
+
+def _uncancel(task: asyncio.Task[object]) -> None:
+    """Take back the watcher's cancellation once the API has ended (Python >= 3.11 counts
+    cancellations, and a count left behind would cancel the next `asyncio.timeout` of the
+    task)."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None and task.cancelling():
+        uncancel()
 
 
 async def _answer_departed(send: Send) -> None:

@@ -202,3 +202,36 @@ async def test_the_api_key_is_checked_and_open_paths_stay_open() -> None:
     probe = Client([b""])
     await middleware(probe.scope("/readyz"), probe.receive, probe.send)
     assert probe.status == 200
+
+
+async def test_the_api_runs_in_the_request_task_and_streams_under_asgi_2_4() -> None:
+    """No task start on the way to the API (each waits a turn of a busy loop), and spec 2.4 so
+    that Starlette streams inline too: its `send` raises OSError once the client is gone."""
+    seen: dict[str, Any] = {}
+    client = Client([b"{}"])
+
+    async def api(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        await receive()
+        seen["task"] = asyncio.current_task()
+        seen["spec"] = scope["asgi"]["spec_version"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        client.leave.set()  # the client goes while the stream runs
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            try:
+                await send({"type": "http.response.body", "body": b"late", "more_body": True})
+            except OSError:
+                seen["late_send"] = "refused"
+            raise
+
+    async def request() -> asyncio.Task[Any] | None:
+        await guard(api)(client.scope("/generate"), client.receive, client.send)
+        return asyncio.current_task()
+
+    task = asyncio.ensure_future(request())
+    assert await asyncio.wait_for(task, 5) is seen["task"]
+    assert seen["spec"] == "2.4" and seen["late_send"] == "refused"
+    assert [m["type"] for m in client.sent] == ["http.response.start"]
+    cancelling = getattr(task, "cancelling", None)
+    assert cancelling is None or cancelling() == 0, "the watcher's cancellation is taken back"
