@@ -30,10 +30,14 @@ class InlineTimeoutMiddleware(_BENTOML_TIMEOUT):  # type: ignore[misc,valid-type
             await self.app(scope, receive, send)
             return
         deadline = asyncio.timeout(self.timeout)
+        started = False
 
         async def send_started(message: Message) -> None:
-            if deadline.when() is not None:
-                deadline.reschedule(None)  # the clock covers only the wait for the response
+            nonlocal started
+            if not started:
+                started = True
+                if not deadline.expired():
+                    deadline.reschedule(None)  # the clock covers only the wait for the response
             await send(message)
 
         try:
@@ -42,6 +46,8 @@ class InlineTimeoutMiddleware(_BENTOML_TIMEOUT):  # type: ignore[misc,valid-type
         except TimeoutError:
             if not deadline.expired():  # the API's own TimeoutError
                 raise
+            if started:  # the clock ran out as the response began: uvicorn ends it
+                return
             response = JSONResponse(
                 {"error": f"Not able to process the request in {self.timeout} seconds"},
                 status_code=504,

@@ -80,3 +80,19 @@ def test_bentoml_builds_its_apps_with_it(monkeypatch: pytest.MonkeyPatch) -> Non
     factory = type("App", (), {"timeout": 60, "max_concurrency": None})()
     (middleware,) = BaseAppFactory.middlewares.fget(factory)  # type: ignore[attr-defined]
     assert middleware.cls is InlineTimeoutMiddleware and middleware.kwargs == {"timeout": 60}
+
+
+async def test_an_api_that_answers_when_cancelled_keeps_its_answer() -> None:
+    """The deadline cancels the API, which answers anyway on its way out: that answer stands
+    (the clock is not rescheduled once it has run out), and no 504 follows it."""
+
+    async def api(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b"going away"})
+
+    sent = Sent()
+    await asyncio.wait_for(InlineTimeoutMiddleware(api, timeout=0.05)(SCOPE, receive, sent), 5)
+    assert [m.get("status") for m in sent] == [503, None]
