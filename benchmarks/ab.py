@@ -44,7 +44,14 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import bench_clients
-from benchmarks.bench_procs import ROOT, PackedModel, Processes, Service, write_result
+from benchmarks.bench_procs import (
+    ROOT,
+    PackedModel,
+    Processes,
+    Service,
+    own_cpu_s,
+    write_result,
+)
 from benchmarks.bench_stats import TargetSummary, format_number, summarize
 from benchmarks.bench_workload import add_reference_texts, build_prompts
 from tensorrtllm_backend.triton.command import find_free_port
@@ -199,9 +206,9 @@ async def measure(
 ) -> Measured:
     await bench_clients.run_load(request, prompts, args.warmup, min(args.warmup, args.concurrency))
     before = side.process_tree_cpu_s() if side else None
-    client_before = _own_cpu_s()
+    client_before = own_cpu_s()
     records, wall = await bench_clients.run_load(request, prompts, args.requests, args.concurrency)
-    client_s = _own_cpu_s() - client_before
+    client_s = own_cpu_s() - client_before
     summary = summarize(target, "ab", args.concurrency, records, wall)
     measured = Measured(summary)
     if summary.output_tokens:
@@ -212,11 +219,6 @@ async def measure(
         measured.serving_cpu_us = (after[0] - before[0]) * 1e6 / tokens
         measured.triton_cpu_us = (after[1] - before[1]) * 1e6 / tokens
     return measured
-
-
-def _own_cpu_s() -> float:
-    times = psutil.Process().cpu_times()
-    return float(times.user + times.system)
 
 
 def spread(values: Sequence[float]) -> str:

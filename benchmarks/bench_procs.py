@@ -103,6 +103,12 @@ class Service:
         return total
 
 
+def own_cpu_s() -> float:
+    """CPU seconds of this process (the load generator, or a bare client measured here)."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
+
+
 def _is_triton(process: psutil.Process) -> bool:
     try:
         return process.name().startswith(("tritonserver", "mpirun"))

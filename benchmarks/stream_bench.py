@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -52,7 +50,15 @@ from benchmarks.bench_clients import (
     http_client,
     run_load,
 )
-from benchmarks.bench_procs import BENCH_DIR, ROOT, PackedModel, Processes, Service, write_result
+from benchmarks.bench_procs import (
+    BENCH_DIR,
+    ROOT,
+    PackedModel,
+    Processes,
+    Service,
+    own_cpu_s,
+    write_result,
+)
 from benchmarks.bench_stats import (
     InterleavedRounds,
     TargetSummary,
@@ -645,12 +651,6 @@ def report(run: Run, started: float) -> dict[str, Any]:
         "notes": run.notes,
         "duration_s": time.perf_counter() - started,
     }
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process: the grpc_direct client runs here, alone while measured."""
-    times = psutil.Process().cpu_times()
-    return float(times.user + times.system)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
