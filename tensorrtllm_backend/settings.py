@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     # HTTP workers, their limits and BentoML's traffic settings.
     workers: PositiveInt = 1
     shared_dir: Path | None = None
+    rebalance_connections: bool = True
     stream_interval: PositiveInt = 1
     api_key: SecretStr | None = None
     max_in_flight: PositiveInt = 1024

@@ -15,6 +15,9 @@ For each request, in this order (what each API gets is read from the registry, :
    read stops (its Triton request is cancelled, its slot freed), streamed or not, before its
    first token or after. BentoML and Starlette notice a disconnect only when they next write,
    i.e. never while a non-streamed request or a stream's first token is still being generated.
+6. with several workers, a worker that runs more than its share of the service's generations
+   answers with `Connection: close`, so that the client's next connection may go to another
+   worker (:mod:`.worker_load`).
 
 Health probes, metrics and the API schema stay open so orchestrators and clients can use them.
 """
@@ -30,9 +33,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..settings import Settings, load_settings
 from .apis import API, api_for
 from .errors import ErrorAnswer, render
+from .worker_load import board_for
 
 # nginx's status for a request its client closed before the answer: what the access log shows.
 CLIENT_CLOSED = 499
+# The server closes the connection once the answer is sent (uvicorn reads the header too).
+CLOSE = (b"connection", b"close")
 
 
 class GuardMiddleware:
@@ -43,6 +49,7 @@ class GuardMiddleware:
         self._expected = f"Bearer {key.get_secret_value()}".encode() if key else None
         self._key = key.get_secret_value().encode() if key else None
         self.in_flight = 0
+        self.board = board_for(self.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,10 +82,14 @@ class GuardMiddleware:
             await _reject(scope, receive, send, api, answer)
             return
         self.in_flight += 1
+        board = self.board
+        release = board.admit(self.in_flight) if board is not None else False
         try:
-            await self._admitted(scope, receive, send, api)
+            await self._admitted(scope, receive, send, api, release)
         finally:
             self.in_flight -= 1
+            if board is not None:
+                board.leave(self.in_flight, release)
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         """The key as OpenAI clients send it (a bearer token) or as Anthropic's do (x-api-key)."""
@@ -86,7 +97,10 @@ class GuardMiddleware:
         bearer = hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
         return bearer or hmac.compare_digest(headers.get(b"x-api-key", b""), self._key)
 
-    async def _admitted(self, scope: Scope, receive: Receive, send: Send, api: API) -> None:
+    async def _admitted(
+        self, scope: Scope, receive: Receive, send: Send, api: API, release: bool = False
+    ) -> None:
+        """Read the body and run the API; `release`: close the connection after the answer."""
         body = await _read_body(receive, self.settings.max_request_bytes)
         if body is None:  # the client left while sending
             await _answer_departed(send)
@@ -94,7 +108,7 @@ class GuardMiddleware:
         if isinstance(body, int):
             await _reject(scope, receive, send, api, _too_large(body))
             return
-        await _run_while_connected(self.app, scope, receive, send, body)
+        await _run_while_connected(self.app, scope, receive, send, body, release)
 
 
 def _too_large(limit: int) -> ErrorAnswer:
@@ -132,10 +146,11 @@ async def _read_body(receive: Receive, limit: int) -> deque[Message] | int | Non
 
 
 async def _run_while_connected(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: deque[Message]
-) -> None:
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: deque[Message],
+    release: bool = False,
+) -> None:  # fmt: skip
     """Run the API on the body already read, in this task; cancel it if the client disconnects
-    before the response is complete.
+    before the response is complete. `release`: the answer says `Connection: close`.
 
     Once the body is read, the server's `receive` only reports the end of the connection (or
     of the response). One watcher task waits for it, beside the API and off its way to the first
@@ -163,6 +178,8 @@ async def _run_while_connected(
             raise OSError("the client closed the connection")
         if message["type"] == "http.response.start":
             started = True
+            if release:
+                message = {**message, "headers": [*message.get("headers", ()), CLOSE]}
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             complete = True
         await send(message)

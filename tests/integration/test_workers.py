@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tensorrtllm_backend.serving.worker_load import BOARD_NAME
 from tensorrtllm_backend.triton.command import port_free
 from tests.integration.conftest import BentoServer, serves_requests
 
@@ -88,6 +91,47 @@ def test_two_workers_share_one_tritonserver(two_workers: BentoServer) -> None:
     assert len(_tritonservers(server)) == 1
     # Metrics add up the workers, whichever one serves the scrape (one connection each).
     assert [_completion_tokens(server.url) for _ in range(4)] == [48 * 8] * 4
+
+
+def _board(shared_dir: Path) -> list[int]:
+    """Generations in flight per worker, as the workers publish them (serving/worker_load.py)."""
+    raw = (shared_dir / BOARD_NAME).read_bytes()
+    return list(struct.unpack(f"<{len(raw) // 8}q", raw))
+
+
+async def _hold_streams(url: str, count: int, shared_dir: Path) -> list[list[int]]:
+    """`count` streams in flight at once: the board while they run, then after they are left."""
+    seen = []
+    readers: list[AsyncIterator[bytes]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with contextlib.AsyncExitStack() as streams:
+            for _ in range(count):
+                request = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True}
+                response = await streams.enter_async_context(
+                    client.stream("POST", "/generate", json=request)
+                )
+                assert response.status_code == 200
+                # Its first piece: the generation runs. The reader is kept: one dropped would
+                # close the response when collected.
+                readers.append(response.aiter_raw())
+                await anext(readers[-1])
+            seen.append(_board(shared_dir))
+        deadline = time.monotonic() + 30  # the workers see the clients leave
+        while sum(_board(shared_dir)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        seen.append(_board(shared_dir))
+    return seen
+
+
+def test_the_workers_publish_their_generations_in_flight(
+    slow_synthetic_model: str, bento_launcher: Callable[..., BentoServer]
+) -> None:
+    # 50 ms per token: the streams stay in flight while the board is read.
+    server = bento_launcher(slow_synthetic_model, {"TRTLLM_WORKERS": "2"}, wait=True)
+    shared_dir = Path(_workers(server)[0].environ()["TRTLLM_SHARED_DIR"])
+    running, left = asyncio.run(_hold_streams(server.url, 6, shared_dir))
+    assert len(running) == 2 and sum(running) == 6, running
+    assert left == [0, 0]
 
 
 def test_a_worker_takes_over_when_the_owner_dies(two_workers: BentoServer) -> None:
