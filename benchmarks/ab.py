@@ -38,7 +38,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -100,6 +102,9 @@ class Measured:
 @dataclass
 class Rounds:
     results: dict[str, list[Measured]] = field(default_factory=dict)
+    # Per side, from its /metrics after the rounds: generations, and connections its workers
+    # closed after an answer to spread their load (TRTLLM_REBALANCE_CONNECTIONS).
+    released: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def add(self, target: str, measured: Measured) -> None:
         self.results.setdefault(target, []).append(measured)
@@ -239,6 +244,18 @@ def ratios(rounds: Rounds, target: str, reference: str) -> tuple[list[float], li
     return rate, ttft
 
 
+async def released_connections(http: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    """(generations, connections released) as a service's /metrics reports them."""
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    totals = {"trtllm_requests_total": 0.0, "trtllm_connections_released_total": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals["trtllm_requests_total"], totals["trtllm_connections_released_total"]
+
+
 def report(rounds: Rounds, sides: Sequence[Side]) -> str:
     lines = [
         "per round: tok/s  TTFT p50 ms  serving CPU us/tok  triton CPU us/tok  "
@@ -268,6 +285,12 @@ def report(rounds: Rounds, sides: Sequence[Side]) -> str:
     for side in sides:
         env = " ".join(f"{key}={value}" for key, value in side.env.items())
         lines.append(f"{side.name}: {side.ref}" + (f" ({env})" if env else ""))
+        if side.name in rounds.released:
+            generations, released = rounds.released[side.name]
+            lines.append(
+                f"  {released:.0f} of {generations:.0f} generations closed their connection "
+                "to spread the load over the workers"
+            )
     return "\n".join(lines)
 
 
@@ -300,6 +323,9 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
                     f"TTFT p50 {format_number(s.ttft_ms.p50)} ms  errors {s.errors}",
                     flush=True,
                 )
+        for side in sides:
+            assert side.service is not None
+            rounds.released[side.name] = await released_connections(http, side.service.url)
     finally:
         await http.close()
         await direct.close()
@@ -356,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]
                 for target, results in rounds.results.items()
             },  # fmt: skip
+            "released_connections": {
+                name: {"generations": generations, "released": released}
+                for name, (generations, released) in rounds.released.items()
+            },
             "report": text,
             "duration_s": time.perf_counter() - started,
         }

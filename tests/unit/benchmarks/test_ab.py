@@ -1,15 +1,19 @@
 """benchmarks/ab.py's sides: a git ref checked out as a worktree (removed afterwards), or a folder
-(an exported tree, on a machine without the history) used as it is."""
+(an exported tree, on a machine without the history) used as it is; what a service's /metrics
+says of its released connections."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from benchmarks.ab import checkout, parse_args
+from benchmarks.ab import checkout, parse_args, released_connections
 from benchmarks.bench_procs import ROOT
+from tensorrtllm_backend.triton.command import find_free_port
 
 
 def test_a_folder_is_used_as_it_is(tmp_path: Path) -> None:
@@ -40,3 +44,31 @@ def test_a_ref_is_a_worktree_removed_afterwards(tmp_path: Path) -> None:
 def test_workers_and_environments_are_parsed() -> None:
     args = parse_args(["--base", "HEAD", "--workers", "4", "--base-env", "A=1"])
     assert args.workers == 4 and args.base_env == {"A": "1"} and args.candidate_env == {}
+
+
+async def test_released_connections_add_up_every_worker_and_reason() -> None:
+    port = find_free_port()
+    metrics = (
+        "# HELP trtllm_requests_total Finished requests by finish reason.\n"
+        "# TYPE trtllm_requests_total counter\n"
+        'trtllm_requests_total{api="native",finish_reason="length"} 90.0\n'
+        'trtllm_requests_total{api="openai_chat",finish_reason="stop"} 10.0\n'
+        "# HELP trtllm_connections_released_total Keep-alive connections closed.\n"
+        "# TYPE trtllm_connections_released_total counter\n"
+        "trtllm_connections_released_total 7.0\n"
+    )
+
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(text=metrics)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{port}"
+            assert await released_connections(http, url) == (100.0, 7.0)
+    finally:
+        await runner.cleanup()
