@@ -128,9 +128,10 @@ def released() -> float:
 async def served(app: Any) -> AsyncIterator[int]:
     """`app` behind a real uvicorn on a free loopback port, for the duration."""
     port = find_free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
+    # log_config=None: uvicorn's logging setup would change this process's loggers for the tests
+    # that run after this one.
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_config=None)
+    server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
