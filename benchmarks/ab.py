@@ -325,7 +325,10 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
                 )
         for side in sides:
             assert side.service is not None
-            rounds.released[side.name] = await released_connections(http, side.service.url)
+            try:
+                rounds.released[side.name] = await released_connections(http, side.service.url)
+            except (aiohttp.ClientError, OSError) as error:  # the rounds' figures still count
+                print(f"{side.name}: no /metrics ({error})", flush=True)
     finally:
         await http.close()
         await direct.close()
