@@ -148,7 +148,7 @@ class TritonSupervisor(TritonEndpoints):
     def log_path(self) -> Path | None:
         return self._run.log_path if self._run else None
 
-    def loglog_tail(self, lines: int = 40) -> str:
+    def log_tail(self, lines: int = 40) -> str:
         return log_tail(self._run.log_path, lines) if self._run else ""
 
     @property
