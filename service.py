@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.serving.api_surface import root_app, v1_routes
 from tensorrtllm_backend.serving.apis import NATIVE_LABEL
+from tensorrtllm_backend.serving.chat.core import ChatCore
 from tensorrtllm_backend.serving.deployment import (
     end_serving,
     freeze_startup_heap,
@@ -42,7 +43,6 @@ from tensorrtllm_backend.serving.generation import PreparedRequest
 from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
-from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
 from tensorrtllm_backend.serving.parent_watch import follow_parent, on_stop_signal
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.request_timeout import run_request_timeout_inline
@@ -71,12 +71,12 @@ def _current_service() -> TRTLLM | None:
         return None
 
 
-def _current_openai() -> OpenAIServing | None:
+def _current_chat() -> ChatCore | None:
     service = _current_service()
-    return service.openai if service is not None else None
+    return service.chat if service is not None else None
 
 
-openai_app = build_openai_app(_current_openai, v1_routes)
+openai_app = build_openai_app(_current_chat, v1_routes)
 
 
 @bentoml.asgi_app(openai_app, path="/v1")
@@ -96,7 +96,7 @@ class TRTLLM:
         except ValueError as error:  # a model or setting this service cannot serve
             end_serving(error)
             raise
-        self.openai: OpenAIServing | None = None  # set once Triton is up
+        self.chat: ChatCore | None = None  # set once Triton is up
 
     @bentoml.on_startup
     async def _start_triton(self) -> None:
@@ -108,7 +108,7 @@ class TRTLLM:
             end_serving(error)  # else BentoML starts this worker again, and again
             raise
         freeze_startup_heap()
-        self.openai = OpenAIServing(
+        self.chat = ChatCore(
             self.runtime.generator,
             self.runtime.served_model_name,
             self.runtime.settings.stream_interval,
@@ -118,7 +118,7 @@ class TRTLLM:
 
     @bentoml.on_shutdown
     async def _stop_triton(self) -> None:
-        self.openai = None
+        self.chat = None
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
@@ -192,7 +192,7 @@ TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
 # /tokenize and /detokenize at the root, as vLLM serves them (BentoML's mounts answer only the
 # paths their routes match, so the root stays BentoML's).
-TRTLLM.mount_asgi_app(root_app(_current_openai), path="/")
+TRTLLM.mount_asgi_app(root_app(_current_chat), path="/")
 
 
 def _triton_metrics_url() -> str | None:

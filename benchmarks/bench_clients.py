@@ -23,7 +23,7 @@ import aiohttp
 import numpy as np
 
 from tensorrtllm_backend.common.engine_api import EngineResult
-from tensorrtllm_backend.serving.routes.direct import new_token_ids
+from tensorrtllm_backend.serving.triton_paths.direct import new_token_ids
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
 from .bench_stats import RequestRecord

@@ -1,8 +1,7 @@
 """The APIs besides the native ones and /v1 chat and completions, registered in one place:
-OpenAI's Responses API and Anthropic's Messages API under /v1, each an adapter over the chat path
-(:class:`~.openai_api.serving.OpenAIServing`), and vLLM's /tokenize and /detokenize at the root.
-Each path is in the registry too (:mod:`.apis`), which decides how the guard and the errors treat
-it."""
+OpenAI's Responses API and Anthropic's Messages API under /v1, each a protocol and a renderer over
+the chat core (:mod:`.chat`), and vLLM's /tokenize and /detokenize at the root. Each path is in
+the registry too (:mod:`.apis`), which decides how the guard and the errors treat it."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from .anthropic_api.routes import messages_routes
-from .openai_api.responses_routes import responses_routes
-from .openai_api.routes import Endpoints, ServingProvider
-from .openai_api.tokenize import tokenize_routes
+from .responses_api.routes import responses_routes
+from .vllm_api.tokenize import tokenize_routes
+from .web.endpoints import CoreProvider, Endpoints
 
 
 def v1_routes(endpoints: Endpoints) -> list[BaseRoute]:
@@ -20,7 +19,7 @@ def v1_routes(endpoints: Endpoints) -> list[BaseRoute]:
     return [*responses_routes(endpoints), *messages_routes(endpoints)]
 
 
-def root_app(get_serving: ServingProvider) -> Starlette:
-    """The routes served at the service's root; `get_serving` returns None while the model
+def root_app(get_core: CoreProvider) -> Starlette:
+    """The routes served at the service's root; `get_core` returns None while the model
     loads."""
-    return Starlette(routes=tokenize_routes(Endpoints(get_serving)))
+    return Starlette(routes=tokenize_routes(Endpoints(get_core)))

@@ -43,7 +43,7 @@ from ..common.engine_api import (
 )
 from ..common.guides import GuideBusyError
 from .apis import API, ErrorStyle, api_for
-from .generation import new_request_id
+from .ids import new_request_id
 from .metrics import generation_metrics
 from .request_errors import RequestError
 

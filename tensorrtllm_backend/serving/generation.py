@@ -7,7 +7,6 @@ prepares the request, off the event loop when it is large, and compiles its guid
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -25,10 +24,10 @@ from ..common.engine_config import EngineInfo
 from ..common.guides import GuideCompiler, GuideError, check_guide_present
 from ..common.lora import LoraAdapter, LoraRegistry
 from ..common.tokenization import StopStringMatcher
+from .ids import new_request_id
 from .metrics import GenerationMetrics
 from .offload import Offloader
 from .request_errors import RequestError
-from .routes import Decoder, EngineRoute, Route, make_route
 from .schemas import (
     FinishReason,
     GenerationChunk,
@@ -38,6 +37,7 @@ from .schemas import (
 )
 from .token_strings import TokenStrings
 from .translation import LoraTensors, sequence_index
+from .triton_paths import Decoder, EngineRoute, Route, make_route
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +74,6 @@ class PreparedRequest:
 # where tokenizing it cost ~1 s of CPU per megabyte, and freeing its encoding held the GIL for
 # ~100 ms (tokenizers frees one allocation per token).
 MAX_CHARS_PER_TOKEN = 64
-
-
-def new_request_id() -> str:
-    """Unguessable ids: they name requests in logs and in Triton's cancellation."""
-    return secrets.token_hex(12)
 
 
 def encode_prompt(
@@ -125,7 +120,7 @@ class Generator:
         offloader: Offloader | None = None,
     ) -> None:
         """`client`: the inference server requests stream through; `route`: the way through
-        it (:mod:`.routes`), which builds each request's tensors and decodes its responses.
+        it (:mod:`.triton_paths`), which builds each request's tensors and decodes its responses.
         `guides` compiles guided_decoding guides against the served tokenizer (one is made
         from `tokenizer` when not given); `guides_unsupported` says why this model cannot
         enforce any guide (guided requests are then refused); `top_log_probs_unsupported` why

@@ -31,8 +31,8 @@ from ..triton.supervisor import ServerState, TritonSupervisor
 from ..triton.watchdog import StallWatchdog
 from .generation import EngineLimits, Generator
 from .metrics import generation_metrics
-from .routes import ROUTE_MODELS, Route
 from .run_dir import make_run_dir
+from .triton_paths import ROUTE_MODELS, Route
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

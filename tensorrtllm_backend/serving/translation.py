@@ -1,5 +1,5 @@
-"""The contract's tensors that the routes share (:mod:`.routes.direct`, :mod:`.routes.llmapi`,
-:mod:`.routes.text`): sampling, guide and LoRA inputs, and the outputs every engine response may
+"""The contract's tensors that the routes share (:mod:`.triton_paths.direct`, :mod:`.triton_paths.llmapi`,
+:mod:`.triton_paths.text`): sampling, guide and LoRA inputs, and the outputs every engine response may
 carry (sequence index, log probs and their alternatives).
 
 Inputs carry the leading batch dimension of 1 that ``max_batch_size > 0`` models expect unless a

@@ -21,8 +21,8 @@ from transformers import PreTrainedTokenizerFast
 from tensorrtllm_backend.common.lora import LORAS, LoraRegistry
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
-from tensorrtllm_backend.serving.routes import Route
 from tensorrtllm_backend.serving.schemas import SamplingParams
+from tensorrtllm_backend.serving.triton_paths import Route
 from tensorrtllm_backend.triton.client import TritonLLMClient
 from tensorrtllm_backend.triton.command import TritonServerConfig
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor

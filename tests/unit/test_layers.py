@@ -91,3 +91,63 @@ def test_a_forbidden_import_is_found(where: str, line: str) -> None:
     path = PACKAGE / where
     assert violations(path, path.read_text(encoding="utf-8")) == []
     assert violations(path, path.read_text(encoding="utf-8") + "\n" + line + "\n") != []
+
+
+# Inside the BentoML worker: each API is a package of its own (protocol + renderer) over the chat
+# core; the core and the HTTP plumbing every API shares know none of them.
+SERVING = PACKAGE / "serving"
+API_PACKAGES = frozenset({"openai_api", "responses_api", "anthropic_api", "vllm_api"})
+NEUTRAL_PACKAGES = frozenset({"chat", "web"})
+
+
+def serving_package(module: str) -> str | None:
+    """The serving subpackage a module belongs to (None: a module of serving itself)."""
+    parts = module.split(".")
+    if parts[:2] != ["tensorrtllm_backend", "serving"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def api_violations(path: Path, source: str) -> list[str]:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    module = ".".join(relative.parts)
+    is_package = path.name == "__init__.py"
+    if is_package:
+        module = module.removesuffix(".__init__")
+    own = serving_package(module)
+    if own not in API_PACKAGES | NEUTRAL_PACKAGES:
+        return []
+    found = []
+    for target in imported_modules(source, module, is_package):
+        other = serving_package(target)
+        if other in API_PACKAGES and other != own:
+            found.append(f"{module} imports {target}")
+    return found
+
+
+def test_api_packages_never_import_each_other_and_the_core_imports_none() -> None:
+    assert {p.name for p in SERVING.iterdir() if (p / "__init__.py").exists()} >= (
+        API_PACKAGES | NEUTRAL_PACKAGES
+    )
+    found = [
+        problem
+        for path in sorted(SERVING.rglob("*.py"))
+        for problem in api_violations(path, path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("anthropic_api/messages.py", "from ..openai_api.serving import OpenAIServing"),
+        ("responses_api/serving.py", "from ..anthropic_api import protocol"),
+        ("chat/core.py", "def f():\n    from ..openai_api import protocol"),
+        ("chat/stream.py", "import tensorrtllm_backend.serving.responses_api.store"),
+        ("web/endpoints.py", "from ..vllm_api.tokenize import tokenize"),
+    ],
+)
+def test_an_import_between_apis_is_found(where: str, line: str) -> None:
+    path = SERVING / where
+    assert api_violations(path, path.read_text(encoding="utf-8")) == []
+    assert api_violations(path, path.read_text(encoding="utf-8") + "\n" + line + "\n") != []

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend.python_models import stub_settings
-from tensorrtllm_backend.serving.openai_api.reasoning import REASONING_FORMATS
-from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
+from tensorrtllm_backend.serving.chat.reasoning import REASONING_FORMATS
+from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
 from tensorrtllm_backend.settings import (
     BACKEND_PYTHONPATH_ENV,
     PREFIX,

@@ -1,30 +1,34 @@
 """Anthropic's Messages API as an adapter over the chat path.
 
-A request becomes a chat request (system as the system message, tool_use blocks as the assistant's
-tool calls, tool_result blocks as tool messages, tools with their input_schema, `any` as tool choice
-"required", stop_sequences as stop strings, thinking as the template's `enable_thinking`,
-output_config.format as a JSON-schema response_format) prepared by
-:meth:`~..openai_api.serving.OpenAIServing.prepare_chat`: the same template, tool plan, output
-constraint, reasoning plan and engine checks. The answer is read with the chat path's answer reader
-as it is generated and becomes content blocks (thinking, text, tool_use), whole or as Anthropic's
-stream of events.
+A request becomes the chat core's request (system as the system message, tool_use blocks as the
+assistant's tool calls, tool_result blocks as tool messages, tools with their input_schema, `any`
+as tool choice "required", stop_sequences as stop strings, thinking as the template's
+`enable_thinking`, output_config.format as a JSON-schema response_format) prepared by
+:meth:`~..chat.core.ChatCore.prepare`: the same template, tool plan, output constraint, reasoning
+plan and engine checks as every chat API. The core's answer steps become content blocks
+(thinking, text, tool_use), streamed as Anthropic's events or collected and rendered once.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from contextlib import aclosing
 from typing import Any
 
 from ...common.engine_api import EngineError
+from ..apis import MESSAGES_LABEL
+from ..chat.answer import ChatPlan
+from ..chat.core import ChatCore
+from ..chat.core import chat_request as to_chat
+from ..chat.parts import AnswerParts
+from ..chat.request import ChatRequest
+from ..chat.stream import AnswerStep, answer_steps, collect
+from ..chat.usage import TokenCount
 from ..generation import PreparedRequest
-from ..openai_api.answers import AnswerParts, AnswerStep, ChatPlan, answer_steps
-from ..openai_api.chat_adapter import ChatAdapter, new_id
-from ..openai_api.chat_adapter import chat_request as to_chat
-from ..openai_api.protocol import ChatCompletionRequest
-from ..openai_api.serving import OpenAIError, OpenAIServing
+from ..ids import new_id
+from ..request_errors import RequestError
 from ..schemas import FinishReason
+from ..web.sse import named_event
 from .protocol import (
     CountTokensRequest,
     Message,
@@ -33,10 +37,8 @@ from .protocol import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
-    unsupported,
 )
 
-API_LABEL = "anthropic_messages"
 # Chat fields named in errors, and the Messages field they came from.
 FIELDS = {
     "response_format": "output_config.format",
@@ -90,11 +92,8 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
     return converted
 
 
-def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCompletionRequest:
+def chat_request(request: CountTokensRequest, core: ChatCore) -> ChatRequest:
     """The chat request an Anthropic request is served as."""
-    refused = unsupported(request)
-    if refused is not None:
-        raise OpenAIError(refused[1], param=refused[0])
     values: dict[str, Any] = {
         "model": request.model,
         "messages": chat_messages(request.system_text(), request.messages),
@@ -115,7 +114,7 @@ def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCom
     if choice is not None:
         if choice.type == "tool":
             if not choice.name:
-                raise OpenAIError(
+                raise RequestError(
                     'tool_choice "tool" needs the name of the tool', param="tool_choice"
                 )
             values["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
@@ -124,13 +123,13 @@ def chat_request(request: CountTokensRequest, serving: OpenAIServing) -> ChatCom
         values["parallel_tool_calls"] = not choice.disable_parallel_tool_use
     if request.thinking is not None:
         thinks = request.thinking.type != "disabled"
-        if thinks and serving.reasoning_format is None:
-            raise OpenAIError(
+        if thinks and core.reasoning_format is None:
+            raise RequestError(
                 "thinking: this model does not think (no reasoning format; see "
                 "TRTLLM_REASONING_PARSER)",
                 param="thinking",
             )
-        if serving.reasoning_format is not None:
+        if core.reasoning_format is not None:
             values["chat_template_kwargs"] = {"enable_thinking": thinks}
     output = request.output_config.format if request.output_config else None
     # A forced call answers with the call alone: there is no text for the format to shape.
@@ -209,22 +208,21 @@ class ContentBuilder(AnswerParts[Event]):
         yield "content_block_stop", {"index": len(self.blocks) - 1}
 
 
-class MessagesServing(ChatAdapter):
+class MessagesServing:
     """`/v1/messages` and `/v1/messages/count_tokens`."""
 
-    api = API_LABEL
-    fields = FIELDS
+    def __init__(self, core: ChatCore) -> None:
+        self.core = core
 
     async def prepare(
         self, request: MessagesRequest, size: int = 0
     ) -> tuple[PreparedRequest, ChatPlan]:
         """The core request and its plan (`size`: the request body's bytes)."""
-        return await self.prepare_chat(chat_request(request, self.serving), size)
+        chat = chat_request(request, self.core)
+        return await self.core.prepare(chat, size, MESSAGES_LABEL, FIELDS)
 
     def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
-        chat = chat_request(request, self.serving)
-        prompt = self.serving.render_chat(chat, self.serving.plan_tools(chat))
-        return {"input_tokens": self.serving.count_tokens(prompt)}
+        return {"input_tokens": self.core.prompt_tokens(chat_request(request, self.core))}
 
     def _message(
         self, prepared: PreparedRequest, model: str, content: list[dict[str, Any]]
@@ -246,18 +244,16 @@ class MessagesServing(ChatAdapter):
         }
 
     async def create(self, prepared: PreparedRequest, plan: ChatPlan, model: str) -> dict[str, Any]:
-        """The whole message."""
+        """The whole message: the answer's steps collected, rendered once."""
+        answer = await collect(prepared, answer_steps(self.core.generator, prepared, plan))
+        (sequence,) = answer.sequences
         content = ContentBuilder()
-        last = AnswerStep([], 0)
-        async with aclosing(answer_steps(self.serving.generator, prepared, plan)) as steps:
-            async for last in steps:
-                for _ in content.feed(last.events):
-                    pass
-        for _ in content.close():
-            pass
+        content.build(sequence.events)
         message = self._message(prepared, model, content.blocks)
-        message["stop_reason"], message["stop_sequence"] = _stop(last, content.calls)
-        message["usage"].update(_usage(prepared, last))
+        message["stop_reason"], message["stop_sequence"] = _stop(
+            sequence.finish_reason, sequence.stop, content.calls
+        )
+        message["usage"].update(_usage(answer.usage))
         return message
 
     async def stream(
@@ -265,11 +261,8 @@ class MessagesServing(ChatAdapter):
     ) -> AsyncIterator[str]:
         """Anthropic's stream of events. The first events wait for the engine's first answer,
         so a failure before it still gets an error status."""
-
-        def event(kind: str, payload: dict[str, Any]) -> str:
-            return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n"
-
         content = ContentBuilder()
+        usage = TokenCount(len(prepared.prompt_ids))
 
         def started() -> list[Event]:
             return [("message_start", {"message": self._message(prepared, model, [])}),
@@ -277,33 +270,32 @@ class MessagesServing(ChatAdapter):
 
         def ended(last: AnswerStep) -> Iterator[Event]:
             yield from content.close()
-            stop_reason, stop_sequence = _stop(last, content.calls)
+            stop_reason, stop_sequence = _stop(last.finish_reason, last.stop, content.calls)
             delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            yield "message_delta", {"delta": delta, "usage": _usage(prepared, last)}
+            yield "message_delta", {"delta": delta, "usage": _usage(usage)}
             yield "message_stop", {}
 
         def failed(error: EngineError) -> list[Event]:
             return [("error", {"error": {"type": "api_error", "message": str(error)}})]
 
-        steps = answer_steps(self.serving.generator, prepared, plan)
-        async for kind, payload in content.stream(steps, started, ended, failed):
-            yield event(kind, payload)
+        steps = answer_steps(self.core.generator, prepared, plan)
+        async for kind, payload in content.stream(steps, usage, started, ended, failed):
+            yield named_event(kind, {"type": kind, **payload})
 
 
-def _usage(prepared: PreparedRequest, last: AnswerStep) -> dict[str, int]:
+def _usage(usage: TokenCount) -> dict[str, int]:
     """Anthropic's counts: input_tokens are the prompt tokens not read from the cache."""
-    cached = last.cached_tokens
     return {
-        "input_tokens": len(prepared.prompt_ids) - cached,
-        "cache_read_input_tokens": cached,
-        "output_tokens": last.completion_tokens,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
     }
 
 
-def _stop(last: AnswerStep, calls: int) -> tuple[str, str | None]:
+def _stop(finish: FinishReason | None, stop: str | None, calls: int) -> tuple[str, str | None]:
     """Anthropic's stop_reason and stop_sequence of a finished answer."""
-    if last.finish_reason is FinishReason.LENGTH:
+    if finish is FinishReason.LENGTH:
         return "max_tokens", None
-    if last.stop is not None:
-        return "stop_sequence", last.stop
+    if stop is not None:
+        return "stop_sequence", stop
     return ("tool_use" if calls else "end_turn"), None

@@ -139,6 +139,24 @@ class CountTokensRequest(AnthropicModel):
             return self.system or None
         return "\n".join(block.text for block in self.system) or None
 
+    def unsupported(self) -> tuple[str, str] | None:
+        """The first field set that this server cannot honour, with what to do instead."""
+        extra = self.model_extra or {}
+        for name, reason in REFUSED_FIELDS.items():
+            if extra.get(name):
+                return name, reason
+        for position, tool in enumerate(self.tools or []):
+            if tool.type not in (None, "custom"):
+                return f"tools[{position}].type", (
+                    f"server tools such as {tool.type!r} are not supported: this server runs the "
+                    "model only (client tools, with an input_schema, are)"
+                )
+            if tool.input_schema is None:
+                return f"tools[{position}].input_schema", "a tool needs its input_schema"
+        if self.output_config is not None and self.output_config.effort is not None:
+            return "output_config.effort", "effort is not supported by this model"
+        return None
+
 
 class MessagesRequest(CountTokensRequest):
     """`POST /v1/messages`."""
@@ -170,22 +188,3 @@ REFUSED_FIELDS = {
     "mcp_servers": "MCP servers are not supported: send the tools themselves",
     "context_management": "context management is not supported",
 }
-
-
-def unsupported(request: CountTokensRequest) -> tuple[str, str] | None:
-    """The first field set that this server cannot honour, with what to do instead."""
-    extra = request.model_extra or {}
-    for name, reason in REFUSED_FIELDS.items():
-        if extra.get(name):
-            return name, reason
-    for position, tool in enumerate(request.tools or []):
-        if tool.type not in (None, "custom"):
-            return f"tools[{position}].type", (
-                f"server tools such as {tool.type!r} are not supported: this server runs the "
-                "model only (client tools, with an input_schema, are)"
-            )
-        if tool.input_schema is None:
-            return f"tools[{position}].input_schema", "a tool needs its input_schema"
-    if request.output_config is not None and request.output_config.effort is not None:
-        return "output_config.effort", "effort is not supported by this model"
-    return None

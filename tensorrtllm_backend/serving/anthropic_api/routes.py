@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..openai_api.routes import Endpoints, _streaming_response
+from ..web.endpoints import Endpoints, streaming_response
 from .messages import MessagesServing
 from .protocol import CountTokensRequest, MessagesRequest
 
@@ -18,23 +18,23 @@ def messages_routes(endpoints: Endpoints) -> list[Route]:
     handler = endpoints.handler
 
     def current() -> MessagesServing:
-        return MessagesServing(endpoints.serving())
+        return MessagesServing(endpoints.core())
 
     async def create(request: Request) -> Response:
         server = current()
-        parsed, size = await endpoints.parse(request, server.serving, MessagesRequest)
+        parsed, size = await endpoints.parse(request, server.core, MessagesRequest)
         assert isinstance(parsed, MessagesRequest)
         prepared, plan = await server.prepare(parsed, size)
         if parsed.stream:
             events = server.stream(prepared, plan, parsed.model)
-            return await _streaming_response(events, server.serving.stream_interval)
+            return await streaming_response(events, server.core.stream_interval)
         return JSONResponse(await server.create(prepared, plan, parsed.model))
 
     async def count_tokens(request: Request) -> Response:
         server = current()
-        parsed, size = await endpoints.parse(request, server.serving, CountTokensRequest)
+        parsed, size = await endpoints.parse(request, server.core, CountTokensRequest)
         assert isinstance(parsed, CountTokensRequest)
-        offloader = server.serving.generator.offloader
+        offloader = server.core.generator.offloader
         return JSONResponse(await offloader.run(size, server.count_tokens, parsed))
 
     return [

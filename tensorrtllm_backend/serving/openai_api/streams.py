@@ -1,5 +1,6 @@
-"""Streamed OpenAI answers: SSE chunks of completions and chat completions (tool-call deltas
-included), and the helpers that streamed and whole answers share.
+"""OpenAI's renderer: the answer steps of the chat core as chat completion and completion
+objects, streamed (SSE chunks, tool-call deltas included) or whole, with OpenAI's usage and
+finish reasons.
 
 Chunks are assembled from pre-rendered text: this runs once per token, where building and
 dumping pydantic models would dominate the serving cost.
@@ -11,66 +12,47 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
+from ..chat.answer import ChatPlan
+from ..chat.events import CallStart
+from ..chat.request import UsageReport
+from ..chat.stream import AnswerStep, answer_steps
+from ..chat.usage import TokenCount
 from ..generation import Generator, PreparedRequest
-from ..schemas import FinishReason, PromptTokensDetails, SequenceResult, TopLogProbs
-from .answers import ChatPlan
-from .protocol import Usage, UsageReport
-from .tool_stream import ChatDeltas
+from ..schemas import FinishReason, PromptTokensDetails, TopLogProbs, Usage
+from ..web.sse import SSE_DONE
+from .chat_deltas import delta_json
 
 _json = json.dumps
+# OpenAI's finish reasons of the core's; any other ending is "stop".
+FINISH_REASONS = {FinishReason.LENGTH: "length"}
 
 
-def sse(payload: BaseModel | dict[str, Any] | str) -> str:
-    if isinstance(payload, BaseModel):
-        payload = payload.model_dump_json(exclude_none=True)
-    elif isinstance(payload, dict):
-        payload = json.dumps(payload)
-    return f"data: {payload}\n\n"
+def finish_reason(reason: FinishReason | None, calls: bool = False) -> str | None:
+    """OpenAI's finish reason; a sequence that ended on its own after calling tools finishes
+    with "tool_calls"."""
+    if reason is None:
+        return None
+    if calls and reason is FinishReason.STOP:
+        return "tool_calls"
+    return FINISH_REASONS.get(reason, "stop")
 
 
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def finish_reason(reason: FinishReason | None) -> str | None:
-    return None if reason is None else ("length" if reason is FinishReason.LENGTH else "stop")
-
-
-def call_finish_reason(reason: str | None, calls: bool) -> str | None:
-    """A sequence that ended on its own after calling tools finishes with "tool_calls"."""
-    return "tool_calls" if calls and reason == "stop" else reason
-
-
-@dataclass(slots=True)
-class _Event:
-    index: int
-    text: str
-    finish_reason: str | None
-    token_ids: list[int]
-    log_probs: list[float]
-    top: list[TopLogProbs]
-    token_count: int
-    cached_tokens: int = 0  # of the prompt, on a sequence's last event
-
-    @classmethod
-    def empty(cls, index: int) -> _Event:
-        """Nothing gathered yet for sequence `index`."""
-        return cls(index, "", None, [], [], [], 0)
-
-
-_Render = Callable[["_ChunkEvents", _Event, Any], list[str]]
-"""Turns one event of a streamed answer, with its log probs (or None), into SSE chunk events."""
+def openai_usage(count: TokenCount) -> Usage:
+    return Usage(
+        prompt_tokens=count.prompt_tokens,
+        completion_tokens=count.completion_tokens,
+        total_tokens=count.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=count.cached_tokens),
+    )
 
 
 class LogProbs:
-    """OpenAI's log-prob objects of the tokens of one answer (or one streamed event of it).
+    """OpenAI's log-prob objects of the tokens of one answer (or one streamed step of it).
 
     `tokens`: the tokens' text, `top`: their alternatives when asked for (`strings` gives the
-    text of ids: every id of one event decoded in one call)."""
+    text of ids: every id of one step decoded in one call)."""
 
     def __init__(
         self,
@@ -122,57 +104,31 @@ def _chat_token(token: str, log_prob: float) -> dict[str, Any]:
     return {"token": token, "logprob": log_prob, "bytes": list(token.encode())}
 
 
-class StreamingServing:
-    """The streaming half of :class:`~.serving.OpenAIServing`."""
+_Render = Callable[["_ChunkEvents", AnswerStep, Any], list[str]]
+"""Turns one step of a streamed answer, with its log probs (or None), into SSE chunk events."""
+_ROLE_DELTA = '"delta":{"role":"assistant","content":""},"finish_reason":null'
+
+
+class StreamRenderer:
+    """The streamed answers of :class:`~.serving.OpenAIServing`."""
 
     generator: Generator
     model_name: str
 
-    def _usage(self, prepared: PreparedRequest, completion_tokens: int, cached: int = 0) -> Usage:
-        """Usage; `cached`: prompt tokens the engine found in its KV cache (0: it cannot tell)."""
-        prompt = len(prepared.prompt_ids)
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-        )
-
-    def _log_probs(
+    def log_probs(
         self, token_ids: list[int], log_probs: list[float], top: list[TopLogProbs] | None
     ) -> LogProbs:
         return LogProbs(token_ids, log_probs, top, self.generator.token_strings)
 
-    def _sequence_log_probs(self, sequence: SequenceResult) -> LogProbs:
-        """The log probs of a gathered sequence."""
-        return self._log_probs(
-            sequence.log_prob_token_ids or [], sequence.log_probs or [], sequence.top_log_probs
-        )
-
-    async def _events(self, prepared: PreparedRequest) -> AsyncIterator[_Event]:
-        """Chunks with text (or the finish reason), carrying the tokens behind that text.
-
-        Tokens whose text is still held back (a partial character) travel with the next text
-        of their sequence.
-        """
-        pending = [_Event.empty(i) for i in range(prepared.params.num_return_sequences)]
-        async with aclosing(self.generator.stream(prepared)) as chunks:
-            async for chunk in chunks:
-                event = pending[chunk.index]
-                event.token_ids += chunk.token_ids
-                event.log_probs += chunk.log_probs or []
-                event.top += chunk.top_log_probs or []
-                event.token_count += chunk.token_count
-                if chunk.text or chunk.finish_reason is not None:
-                    event.text, event.finish_reason = chunk.text, finish_reason(chunk.finish_reason)
-                    event.cached_tokens = chunk.cached_tokens
-                    yield event
-                    pending[chunk.index] = _Event.empty(chunk.index)
-
     async def _stream(
-        self, prepared: PreparedRequest, usage: UsageReport, chat: bool, render: _Render
+        self,
+        prepared: PreparedRequest,
+        usage_report: UsageReport,
+        plan: ChatPlan | None,
+        chat: bool,
+        render: _Render,
     ) -> AsyncIterator[str]:
-        """The SSE events of one streamed answer, chat or completion: `render` turns each event
+        """The SSE events of one streamed answer, chat or completion: `render` turns each step
         (with its log probs, when asked for) into chunk events; usage (in every chunk too, when
         continuous) and [DONE] follow."""
         if chat:
@@ -187,100 +143,97 @@ class StreamingServing:
         offsets = [0 if params.exclude_input_in_output else len(prepared.prompt)] * (
             params.num_return_sequences
         )
-        completion_tokens = cached = 0
-        async with aclosing(self._events(prepared)) as events:
-            async for event in events:
-                completion_tokens += event.token_count
-                cached = max(cached, event.cached_tokens)
+        usage = TokenCount(len(prepared.prompt_ids))
+        async with aclosing(answer_steps(self.generator, prepared, plan)) as steps:
+            async for step in steps:
+                usage.add(step)
                 logprobs = None
-                if want and event.token_ids:
-                    found = self._log_probs(
-                        event.token_ids, event.log_probs, event.top if top else None
+                if want and step.token_ids:
+                    found = self.log_probs(
+                        step.token_ids, step.log_probs, step.top_log_probs if top else None
                     )
                     if chat:
                         logprobs = found.chat()
                     else:
-                        logprobs = found.completion(offsets[event.index])
-                        offsets[event.index] += sum(len(token) for token in found.tokens)
-                for chunk in render(out, event, logprobs):
-                    if usage.continuous:
-                        so_far = self._usage(prepared, completion_tokens, cached)
-                        chunk = out.with_usage(chunk, so_far)
+                        logprobs = found.completion(offsets[step.index])
+                        offsets[step.index] += sum(len(token) for token in found.tokens)
+                for chunk in render(out, step, logprobs):
+                    if usage_report.continuous:
+                        chunk = out.with_usage(chunk, openai_usage(usage))
                     yield chunk
-        if usage.final:
-            yield out.usage(self._usage(prepared, completion_tokens, cached))
+        if usage_report.final:
+            yield out.usage(openai_usage(usage))
         yield SSE_DONE
 
     def stream_completion(
         self, prepared: PreparedRequest, usage: UsageReport
     ) -> AsyncIterator[str]:
-        def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
+        def render(out: _ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
+            finish = finish_reason(step.finish_reason)
             return [
                 out.choice(
-                    event.index,
-                    f'"text":{_json(event.text)},"finish_reason":{_json(event.finish_reason)},'
+                    step.index,
+                    f'"text":{_json(step.text)},"finish_reason":{_json(finish)},'
                     f'"logprobs":{_json(logprobs)}',
                 )
             ]
 
-        return self._stream(prepared, usage, False, render)
+        return self._stream(prepared, usage, None, False, render)
 
     def stream_chat(
         self, prepared: PreparedRequest, usage: UsageReport, plan: ChatPlan | None = None
     ) -> AsyncIterator[str]:
         if plan is not None and plan.reads_text:
-            return self._stream(prepared, usage, True, _AnswerChunks(plan))
+            return self._stream(prepared, usage, plan, True, _ReadChunks())
         role_sent: set[int] = set()
 
-        def render(out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
+        def render(out: _ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
             chunks = []
-            if event.index not in role_sent:  # once Triton answered: failures get a status
-                chunks.append(out.choice(event.index, _ROLE_DELTA))
-                role_sent.add(event.index)
+            if step.index not in role_sent:  # once Triton answered: failures get a status
+                chunks.append(out.choice(step.index, _ROLE_DELTA))
+                role_sent.add(step.index)
+            finish = finish_reason(step.finish_reason)
             chunks.append(
                 out.choice(
-                    event.index,
-                    f'"delta":{{"content":{_json(event.text)}}},'
-                    f'"finish_reason":{_json(event.finish_reason)},"logprobs":{_json(logprobs)}',
+                    step.index,
+                    f'"delta":{{"content":{_json(step.text)}}},'
+                    f'"finish_reason":{_json(finish)},"logprobs":{_json(logprobs)}',
                 )
             )
             return chunks
 
-        return self._stream(prepared, usage, True, render)
+        return self._stream(prepared, usage, None, True, render)
 
 
-_ROLE_DELTA = '"delta":{"role":"assistant","content":""},"finish_reason":null'
+class _ReadChunks:
+    """Chat chunks of answers that were read (reasoning, tool calls): each step's events are
+    sent as deltas."""
 
+    def __init__(self) -> None:
+        self._calls: dict[int, int] = {}  # calls started so far, per sequence
 
-class _AnswerChunks:
-    """Chat chunks of answers that need reading (reasoning, tool calls): each sequence's text
-    goes through its answer reader, whose deltas are sent as they become certain."""
-
-    def __init__(self, plan: ChatPlan) -> None:
-        self._plan = plan
-        self._streams: dict[int, ChatDeltas] = {}
-
-    def __call__(self, out: _ChunkEvents, event: _Event, logprobs: Any) -> list[str]:
+    def __call__(self, out: _ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
         chunks = []
-        stream = self._streams.get(event.index)
-        if stream is None:
-            stream = self._streams[event.index] = ChatDeltas(self._plan.reader())
-            chunks.append(out.choice(event.index, _ROLE_DELTA))
-        final = event.finish_reason is not None
-        deltas = stream.deltas(event.text, final)
+        calls = self._calls.get(step.index)
+        if calls is None:
+            calls = self._calls[step.index] = 0
+            chunks.append(out.choice(step.index, _ROLE_DELTA))
+        deltas = [delta_json(event) for event in step.events]
+        calls += sum(isinstance(event, CallStart) for event in step.events)
+        self._calls[step.index] = calls
         if logprobs is not None and not deltas:
             deltas = ['{"content":""}']
         for delta in deltas:
             chunks.append(
                 out.choice(
-                    event.index,
+                    step.index,
                     f'"delta":{delta},"finish_reason":null,"logprobs":{_json(logprobs)}',
                 )
             )
             logprobs = None
-        if final:
-            finish = call_finish_reason(event.finish_reason, stream.calls > 0)
-            chunks.append(out.choice(event.index, f'"delta":{{}},"finish_reason":{_json(finish)}'))
+        if step.finish_reason is not None:
+            finish = finish_reason(step.finish_reason, calls > 0)
+            chunks.append(out.choice(step.index, f'"delta":{{}},"finish_reason":{_json(finish)}'))
         return chunks
 
 

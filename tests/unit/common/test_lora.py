@@ -19,10 +19,10 @@ from tensorrtllm_backend.common.lora import (
     task_id_for,
 )
 from tensorrtllm_backend.packing.engine_packing import PackError, _check_loras
-from tensorrtllm_backend.serving.routes.direct import TokenIds, direct_tensors
-from tensorrtllm_backend.serving.routes.text import text_tensors
 from tensorrtllm_backend.serving.schemas import SamplingParams
 from tensorrtllm_backend.serving.translation import LoraTensors
+from tensorrtllm_backend.serving.triton_paths.direct import TokenIds, direct_tensors
+from tensorrtllm_backend.serving.triton_paths.text import text_tensors
 from tests.lora_helpers import write_adapter
 
 

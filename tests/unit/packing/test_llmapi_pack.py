@@ -280,8 +280,8 @@ def test_serving_plan_of_a_packed_checkpoint(checkpoint, name, capsys, monkeypat
     manifest, one tritonserver with auto-complete on (the LLM API starts its tp x pp ranks
     itself), and one GPU per rank asked of BentoML."""
     from tensorrtllm_backend.serving.deployment import resources
-    from tensorrtllm_backend.serving.routes import Route
     from tensorrtllm_backend.serving.runtime import LLMRuntime
+    from tensorrtllm_backend.serving.triton_paths import Route
     from tensorrtllm_backend.settings import Settings
     from tensorrtllm_backend.triton.command import TritonPorts, TritonServerConfig, build_command
     from tensorrtllm_backend.triton.install import TritonInstallation

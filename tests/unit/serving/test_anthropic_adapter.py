@@ -15,14 +15,14 @@ from tensorrtllm_backend.serving.anthropic_api.messages import (
     _stop,
     chat_messages,
 )
-from tensorrtllm_backend.serving.anthropic_api.protocol import MessagesRequest, unsupported
-from tensorrtllm_backend.serving.openai_api.answers import AnswerStep
-from tensorrtllm_backend.serving.openai_api.reasoning import ReasoningDelta
-from tensorrtllm_backend.serving.openai_api.tool_events import (
+from tensorrtllm_backend.serving.anthropic_api.protocol import MessagesRequest
+from tensorrtllm_backend.serving.chat.events import (
     ArgumentsDelta,
     CallStart,
     ContentDelta,
 )
+from tensorrtllm_backend.serving.chat.reasoning import ReasoningDelta
+from tensorrtllm_backend.serving.chat.stream import AnswerStep
 from tensorrtllm_backend.serving.schemas import FinishReason
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object"}}
@@ -82,12 +82,12 @@ def test_a_user_turn_of_tool_results_only_adds_no_empty_message() -> None:
     ],
 )
 def test_what_cannot_be_done_is_named(fields: dict[str, Any], param: str) -> None:
-    refused = unsupported(request(**fields))
+    refused = request(**fields).unsupported()
     assert refused is not None and refused[0] == param
 
 
 def test_neutral_fields_pass() -> None:
-    assert unsupported(request(tools=[TOOL, {**TOOL, "name": "g", "type": "custom"}])) is None
+    assert request(tools=[TOOL, {**TOOL, "name": "g", "type": "custom"}]).unsupported() is None
 
 
 def test_answer_events_become_blocks_and_anthropics_events() -> None:
@@ -128,11 +128,11 @@ def test_a_call_whose_arguments_are_no_object_is_text() -> None:
 @pytest.mark.parametrize(
     ("step", "calls", "expected"),
     [
-        (AnswerStep([], 5, FinishReason.LENGTH), 0, ("max_tokens", None)),
-        (AnswerStep([], 5, FinishReason.STOP, stop="\n\n"), 0, ("stop_sequence", "\n\n")),
-        (AnswerStep([], 5, FinishReason.STOP), 1, ("tool_use", None)),
-        (AnswerStep([], 5, FinishReason.STOP), 0, ("end_turn", None)),
+        (AnswerStep(0, finish_reason=FinishReason.LENGTH), 0, ("max_tokens", None)),
+        (AnswerStep(0, finish_reason=FinishReason.STOP, stop="\n\n"), 0, ("stop_sequence", "\n\n")),
+        (AnswerStep(0, finish_reason=FinishReason.STOP), 1, ("tool_use", None)),
+        (AnswerStep(0, finish_reason=FinishReason.STOP), 0, ("end_turn", None)),
     ],
 )
 def test_stop_reasons(step: AnswerStep, calls: int, expected: tuple[str, str | None]) -> None:
-    assert _stop(step, calls) == expected
+    assert _stop(step.finish_reason, step.stop, calls) == expected

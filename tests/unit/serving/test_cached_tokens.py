@@ -18,12 +18,13 @@ from triton_results import result
 
 from tensorrtllm_backend.common.engine_api import EngineResult
 from tensorrtllm_backend.common.engine_config import EngineInfo
+from tensorrtllm_backend.serving.chat.core import ChatCore
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
-from tensorrtllm_backend.serving.routes import Route, make_route
-from tensorrtllm_backend.serving.routes.direct import REUSED_BLOCKS
 from tensorrtllm_backend.serving.schemas import SamplingParams
+from tensorrtllm_backend.serving.triton_paths import Route, make_route
+from tensorrtllm_backend.serving.triton_paths.direct import REUSED_BLOCKS
 
 BLOCK = 64
 
@@ -102,7 +103,7 @@ async def test_every_api_reports_the_cached_tokens(
     generator = Generator(engine, demo_tokenizer, limits)
     prepared = generator.prepare("Once upon", SamplingParams(max_tokens=2))
     assert (await generator.collect(prepared)).cached_tokens == cached
-    serving = OpenAIServing(generator, "demo")
+    serving = OpenAIServing(ChatCore(generator, "demo"))
     request = ChatCompletionRequest.model_validate(
         {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     )

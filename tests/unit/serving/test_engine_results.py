@@ -9,11 +9,11 @@ import math
 import numpy as np
 from triton_results import result
 
-from tensorrtllm_backend.serving.routes.base import output_int
-from tensorrtllm_backend.serving.routes.direct import new_token_ids
-from tensorrtllm_backend.serving.routes.text import response_text
 from tensorrtllm_backend.serving.schemas import LOG_PROB_FLOOR
 from tensorrtllm_backend.serving.translation import response_log_probs, sequence_index
+from tensorrtllm_backend.serving.triton_paths.base import output_int
+from tensorrtllm_backend.serving.triton_paths.direct import new_token_ids
+from tensorrtllm_backend.serving.triton_paths.text import response_text
 
 
 def test_values_of_every_datatype() -> None:

@@ -24,7 +24,6 @@ from tensorrtllm_backend.serving.errors import (
     as_api_error,
     error_response,
 )
-from tensorrtllm_backend.serving.openai_api.serving import OpenAIError
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.schemas import GenerateRequest
 
@@ -38,7 +37,7 @@ def validation_error() -> ValidationError:
 CASES = [
     (RequestError("max_tokens 9 exceeds max_seq_len", param="max_tokens"), 400),
     (RequestError("unknown LoRA adapter 'x'", 404, param="lora"), 404),
-    (OpenAIError("too big", 413), 413),
+    (RequestError("too big", 413), 413),
     (validation_error(), 400),
     (RecursionError("maximum recursion depth exceeded"), 400),
     (EngineRequestError("tensorrt_llm refused the request: bad input"), 400),
@@ -72,7 +71,7 @@ def test_client_mistakes_name_the_field() -> None:
 
 
 def test_native_and_openai_bodies() -> None:
-    error = OpenAIError("prompt is too long", 400, param="prompt", code="context_length_exceeded")
+    error = RequestError("prompt is too long", 400, param="prompt", code="context_length_exceeded")
     native = json.loads(error_response(error, "/generate_text").body)
     assert native == {"error": "prompt is too long"}
     openai = json.loads(error_response(error, "/v1/chat/completions").body)

@@ -13,9 +13,6 @@ from transformers import PreTrainedTokenizerFast
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.routes import Route
-from tensorrtllm_backend.serving.routes.direct import direct_outputs
-from tensorrtllm_backend.serving.routes.text import text_outputs
 from tensorrtllm_backend.serving.schemas import (
     FinishReason,
     GenerationResult,
@@ -23,6 +20,9 @@ from tensorrtllm_backend.serving.schemas import (
     SequenceResult,
 )
 from tensorrtllm_backend.serving.translation import engine_stop_words
+from tensorrtllm_backend.serving.triton_paths import Route
+from tensorrtllm_backend.serving.triton_paths.direct import direct_outputs
+from tensorrtllm_backend.serving.triton_paths.text import text_outputs
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)

@@ -24,8 +24,8 @@ from tensorrtllm_backend.common.guides import (
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.routes import Route
 from tensorrtllm_backend.serving.schemas import GuidedDecoding, SamplingParams
+from tensorrtllm_backend.serving.triton_paths import Route
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
 pytest.importorskip("xgrammar")

@@ -12,10 +12,10 @@ from triton_results import result
 
 from tensorrtllm_backend.common.model_repository import parse_config
 from tensorrtllm_backend.packing.llmapi_repository import MODEL_NAME, TEMPLATES_DIR
-from tensorrtllm_backend.serving.routes.direct import DirectDecoder
-from tensorrtllm_backend.serving.routes.llmapi import llmapi_tensors
 from tensorrtllm_backend.serving.schemas import LOG_PROB_FLOOR, GuidedDecoding, SamplingParams
 from tensorrtllm_backend.serving.translation import LoraTensors
+from tensorrtllm_backend.serving.triton_paths.direct import DirectDecoder
+from tensorrtllm_backend.serving.triton_paths.llmapi import llmapi_tensors
 
 CONFIG = parse_config((TEMPLATES_DIR / MODEL_NAME / "config.pbtxt").read_text())
 INPUTS = {tensor.name: tensor for tensor in CONFIG.input}
@@ -110,7 +110,7 @@ def test_struct_layout_is_little_endian() -> None:
 
 
 def test_the_route_asks_for_the_models_cached_tokens(demo_tokenizer) -> None:
-    from tensorrtllm_backend.serving.routes.llmapi import LlmapiRoute
+    from tensorrtllm_backend.serving.triton_paths.llmapi import LlmapiRoute
 
     class Request:
         prompt = "Hi"

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tensorrtllm_backend.serving.chat.request import UsageReport
+from tensorrtllm_backend.serving.chat.stream import SequenceAnswer
 from tensorrtllm_backend.serving.openai_api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    UsageReport,
 )
 from tensorrtllm_backend.serving.openai_api.serving import best_sequences
-from tensorrtllm_backend.serving.schemas import SequenceResult
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -55,7 +55,7 @@ def test_template_kwargs_cannot_set_the_rendering() -> None:
 
 def test_best_of_keeps_the_most_likely_sequences_best_first() -> None:
     sequences = [
-        SequenceResult(index, text=str(index), log_probs=log_probs)
+        SequenceAnswer(index, pieces=[str(index)], log_probs=log_probs)
         for index, log_probs in enumerate([[-1.0, -2.0], [-0.5], [-4.0], [-0.1, -0.1]])
     ]
     assert [s.text for s in best_sequences(sequences, 2)] == ["3", "1"]

@@ -10,22 +10,33 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tensorrtllm_backend.serving.openai_api.answers import ChatPlan
-from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
-from tensorrtllm_backend.serving.openai_api.response_format import (
-    FormatError,
-    choice_guide,
-    output_constraint,
-)
-from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
-from tensorrtllm_backend.serving.openai_api.tool_stream import ChatDeltas
-from tensorrtllm_backend.serving.openai_api.tools import (
-    ToolError,
+from tensorrtllm_backend.serving.chat.answer import AnswerReader, ChatPlan
+from tensorrtllm_backend.serving.chat.output_format import choice_guide, output_constraint
+from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
+from tensorrtllm_backend.serving.chat.tools import (
     calls_schema,
     extract_calls,
     plan_tools,
 )
+from tensorrtllm_backend.serving.openai_api.chat_deltas import delta_json
+from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
+from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.settings import load_settings
+
+
+class _Deltas:
+    """A sequence's delta objects (JSON), as the chat stream sends them for its text pieces."""
+
+    def __init__(self, reader: AnswerReader) -> None:
+        self.reader = reader
+
+    @property
+    def calls(self) -> int:
+        return self.reader.calls
+
+    def deltas(self, text: str, final: bool = False) -> list[str]:
+        return [delta_json(event) for event in self.reader.feed(text, final)]
+
 
 WEATHER = {
     "type": "function",
@@ -76,14 +87,14 @@ def test_tools_default_to_auto_with_the_models_format() -> None:
     ],
 )  # fmt: skip
 def test_refused_tool_requests(fields, fmt, param: str, says: str) -> None:
-    with pytest.raises(ToolError) as caught:
+    with pytest.raises(RequestError) as caught:
         plan(fmt, **fields)
     assert caught.value.param == param and says in str(caught.value)
 
 
 def test_a_template_without_tools_refuses_them() -> None:
     for choice in ("auto", "required", "none"):
-        with pytest.raises(ToolError, match="does not render tools") as caught:
+        with pytest.raises(RequestError, match="does not render tools") as caught:
             plan(HERMES, renders=False, tools=[WEATHER], tool_choice=choice)
         assert caught.value.param == "tools"
 
@@ -150,9 +161,9 @@ def test_response_format_mapping() -> None:
 
 
 def test_two_constraints_are_refused() -> None:
-    with pytest.raises(FormatError, match="one output constraint"):
+    with pytest.raises(RequestError, match="one output constraint"):
         output_constraint(chat(response_format={"type": "json_object"}, guided_regex="a+"))
-    with pytest.raises(FormatError, match="not valid JSON"):
+    with pytest.raises(RequestError, match="not valid JSON"):
         output_constraint(chat(guided_json="{nope"))
 
 
@@ -169,7 +180,7 @@ def test_streamed_deltas_add_up_to_the_whole_message(step: int) -> None:
         '"unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
     )
     whole = extract_calls(result, text)
-    stream = ChatDeltas(ChatPlan(result).reader())
+    stream = _Deltas(ChatPlan(result).reader())
     deltas: list[dict[str, Any]] = []
     pieces = [text[i : i + step] for i in range(0, len(text), step)]
     for number, piece in enumerate(pieces):
@@ -206,7 +217,7 @@ def test_unsupported_and_unknown_fields() -> None:
     assert chat(logit_bias={"42": 5}).unsupported()[0] == "logit_bias"
     assert chat(functions=[{"name": "f"}]).unsupported()[0] == "functions"
     assert chat(logit_bias={}, modalities=["text"]).unsupported() is None
-    from tensorrtllm_backend.serving.openai_api.protocol import unknown_fields
+    from tensorrtllm_backend.serving.chat.request import unknown_fields
 
     request = chat(temprature=1, tools=[{**WEATHER, "extra": 1}])
     assert unknown_fields(request) == ["temprature", "tools[0].extra"]

@@ -12,24 +12,44 @@ from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
 from tensorrtllm_backend.common.guides import GuideError
-from tensorrtllm_backend.serving.generation import EngineLimits, Generator
-from tensorrtllm_backend.serving.openai_api.answers import ChatPlan, ReasoningPlan, read_answer
-from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
-from tensorrtllm_backend.serving.openai_api.reasoning import (
+from tensorrtllm_backend.serving.chat.answer import (
+    AnswerReader,
+    ChatPlan,
+    ReasoningPlan,
+    read_answer,
+)
+from tensorrtllm_backend.serving.chat.core import ChatCore
+from tensorrtllm_backend.serving.chat.reasoning import (
     REASONING_FORMATS,
     Opening,
     ReasoningDelta,
     detect_reasoning,
     reasoning_format,
 )
-from tensorrtllm_backend.serving.openai_api.reasoning_guides import guide_after_reasoning
-from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
-from tensorrtllm_backend.serving.openai_api.tool_parsers import FORMATS
-from tensorrtllm_backend.serving.openai_api.tool_stream import ChatDeltas
-from tensorrtllm_backend.serving.openai_api.tools import ToolPlan
+from tensorrtllm_backend.serving.chat.reasoning_guides import guide_after_reasoning
+from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
+from tensorrtllm_backend.serving.chat.tools import ToolPlan
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+from tensorrtllm_backend.serving.openai_api.chat_deltas import delta_json
+from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.schemas import GuidedDecoding
 from tensorrtllm_backend.triton.client import TritonLLMClient
 from tests.thinking_model import MESSAGES, thinking_tokenizer
+
+
+class _Deltas:
+    """A sequence's delta objects (JSON), as the chat stream sends them for its text pieces."""
+
+    def __init__(self, reader: AnswerReader) -> None:
+        self.reader = reader
+
+    @property
+    def calls(self) -> int:
+        return self.reader.calls
+
+    def deltas(self, text: str, final: bool = False) -> list[str]:
+        return [delta_json(event) for event in self.reader.feed(text, final)]
+
 
 R1 = REASONING_FORMATS["deepseek_r1"]
 QWEN3 = REASONING_FORMATS["qwen3"]
@@ -109,7 +129,7 @@ def test_calls_are_read_from_the_content_only() -> None:
     assert [(c.function.name, json.loads(c.function.arguments)) for c in answer.tool_calls] == [
         ("now", {"tz": "UTC"})
     ]
-    deltas = ChatDeltas(plan.reader())
+    deltas = _Deltas(plan.reader())
     pieces = [json.loads(d) for i in range(0, len(text), 4) for d in deltas.deltas(text[i : i + 4])]
     pieces += [json.loads(d) for d in deltas.deltas("", final=True)]
     assert "".join(p.get("reasoning", "") for p in pieces) == answer.reasoning
@@ -172,7 +192,7 @@ async def test_the_guide_tensors_carry_the_composed_grammar() -> None:
     """What TensorRT-LLM receives: a chat request with a schema, prepared for a model whose
     template opens a think block, sends the composed EBNF in the contract's guide tensors."""
     client = TritonLLMClient("127.0.0.1:1")  # never called: preparing talks to no server
-    serving = OpenAIServing(Generator(client, thinking_tokenizer(), EngineLimits(512, 1024)), "m")
+    serving = ChatCore(Generator(client, thinking_tokenizer(), EngineLimits(512, 1024)), "m")
     request = ChatCompletionRequest.model_validate(
         {
             "model": "m",
@@ -183,7 +203,7 @@ async def test_the_guide_tensors_carry_the_composed_grammar() -> None:
             },
         }
     )
-    prepared, plan = await serving.prepare_chat(request)
+    prepared, plan = await serving.prepare(request)
     assert plan.reasoning is not None and plan.reasoning.opening is Opening.REASONING
     tensors, _ = serving.generator._triton_inputs(prepared, False)
     assert tensors["guided_decoding_guide_type"].item() == b"ebnf_grammar"

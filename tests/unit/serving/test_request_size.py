@@ -15,6 +15,9 @@ from tiny_tokenizers import byte_level_bpe  # tests/unit/tiny_tokenizers.py
 from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.packing.demo import BOS, CHAT_TEMPLATE, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.serving.chat.core import ChatCore
+from tensorrtllm_backend.serving.chat.output_format import output_constraint
+from tensorrtllm_backend.serving.chat.tools import plan_tools
 from tensorrtllm_backend.serving.generation import (
     MAX_CHARS_PER_TOKEN,
     EngineLimits,
@@ -23,12 +26,9 @@ from tensorrtllm_backend.serving.generation import (
 )
 from tensorrtllm_backend.serving.offload import INLINE_MAX_CHARS, Offloader
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
-from tensorrtllm_backend.serving.openai_api.response_format import output_constraint
-from tensorrtllm_backend.serving.openai_api.routes import UnknownFieldLog
-from tensorrtllm_backend.serving.openai_api.serving import OpenAIError, OpenAIServing
-from tensorrtllm_backend.serving.openai_api.tools import ToolError, plan_tools
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.schemas import MAX_GUIDE_CHARS, SamplingParams
+from tensorrtllm_backend.serving.web.endpoints import UnknownFieldLog
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)
@@ -109,7 +109,7 @@ def test_duplicate_tool_names_are_found_in_linear_time() -> None:
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools}
     )
     started = time.perf_counter()
-    with pytest.raises(ToolError, match="unique: t7"):
+    with pytest.raises(RequestError, match="unique: t7"):
         plan_tools(request, None, True)
     assert time.perf_counter() - started < 2.0  # the quadratic check took minutes for this
 
@@ -170,7 +170,7 @@ def test_unknown_field_names_are_logged_once_escaped_and_bounded(caplog) -> None
 
 def test_the_chat_templates_errors_are_told_apart(tokenizer) -> None:
     generator = Generator(TritonLLMClient.__new__(TritonLLMClient), tokenizer, LIMITS)
-    serving = OpenAIServing(generator, MODEL)
+    serving = ChatCore(generator, MODEL)
 
     def request(**fields) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate({"model": MODEL, **fields})
@@ -178,24 +178,24 @@ def test_the_chat_templates_errors_are_told_apart(tokenizer) -> None:
     # the client's: the template refuses the conversation (jinja2's raise_exception)
     tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
     try:
-        with pytest.raises(OpenAIError, match="roles must alternate") as raised:
-            serving.render_chat(request(messages=[{"role": "user", "content": "hi"}]))
+        with pytest.raises(RequestError, match="roles must alternate") as raised:
+            serving.render(request(messages=[{"role": "user", "content": "hi"}]))
         assert raised.value.status == 400 and raised.value.param == "messages"
         # the server's: a template that does not parse, or breaks on its own
         import jinja2
 
         tokenizer.chat_template = "{% for %}"
         with pytest.raises(jinja2.TemplateSyntaxError):
-            serving.render_chat(request(messages=[{"role": "user", "content": "hi"}]))
+            serving.render(request(messages=[{"role": "user", "content": "hi"}]))
         tokenizer.chat_template = "{{ messages[0]['content'] + 1 }}"
         with pytest.raises(TypeError):
-            serving.render_chat(request(messages=[{"role": "user", "content": "hi"}]))
+            serving.render(request(messages=[{"role": "user", "content": "hi"}]))
     finally:
         tokenizer.chat_template = CHAT_TEMPLATE
     # the client's: a content part that is not text
     image = [{"type": "image_url", "image_url": {"url": "x"}}]
-    with pytest.raises(OpenAIError, match="not supported") as raised:
-        serving.render_chat(request(messages=[{"role": "user", "content": image}]))
+    with pytest.raises(RequestError, match="not supported") as raised:
+        serving.render(request(messages=[{"role": "user", "content": image}]))
     assert raised.value.status == 400
 
 
@@ -231,7 +231,7 @@ def test_parsing_then_validating_is_as_strict_as_validating_json(body: bytes) ->
     from pydantic import ValidationError
 
     from tensorrtllm_backend.serving.openai_api.protocol import CompletionRequest
-    from tensorrtllm_backend.serving.openai_api.routes import _validate
+    from tensorrtllm_backend.serving.web.endpoints import validate_body as _validate
 
     model = ChatCompletionRequest if b"messages" in body else CompletionRequest
 
@@ -253,8 +253,8 @@ def test_parsing_then_validating_is_as_strict_as_validating_json(body: bytes) ->
 )
 def test_bodies_that_are_not_a_json_object(body: bytes, says: str) -> None:
     from tensorrtllm_backend.serving.openai_api.protocol import CompletionRequest
-    from tensorrtllm_backend.serving.openai_api.routes import _validate
+    from tensorrtllm_backend.serving.web.endpoints import validate_body as _validate
 
-    with pytest.raises(OpenAIError, match=says) as raised:
+    with pytest.raises(RequestError, match=says) as raised:
         _validate(body, CompletionRequest)
     assert raised.value.status == 400

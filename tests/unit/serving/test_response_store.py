@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tensorrtllm_backend.serving.openai_api.response_store import ResponseStore, StoredResponse
+from tensorrtllm_backend.serving.responses_api.store import ResponseStore, StoredResponse
 
 
 class Clock:

@@ -9,21 +9,21 @@ from typing import Any
 
 import pytest
 
-from tensorrtllm_backend.serving.openai_api.reasoning import ReasoningDelta
-from tensorrtllm_backend.serving.openai_api.responses import (
+from tensorrtllm_backend.serving.chat.events import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+)
+from tensorrtllm_backend.serving.chat.reasoning import ReasoningDelta
+from tensorrtllm_backend.serving.request_errors import RequestError
+from tensorrtllm_backend.serving.responses_api.output import OutputBuilder
+from tensorrtllm_backend.serving.responses_api.protocol import ResponsesRequest
+from tensorrtllm_backend.serving.responses_api.serving import (
     chat_messages,
     chat_request,
     chat_tool_choice,
     chat_tools,
     parse_items,
-)
-from tensorrtllm_backend.serving.openai_api.responses_output import OutputBuilder
-from tensorrtllm_backend.serving.openai_api.responses_protocol import ResponsesRequest
-from tensorrtllm_backend.serving.openai_api.serving import OpenAIError
-from tensorrtllm_backend.serving.openai_api.tool_events import (
-    ArgumentsDelta,
-    CallStart,
-    ContentDelta,
 )
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
@@ -83,7 +83,7 @@ def test_a_call_without_a_message_before_it_is_an_assistant_message_of_its_own()
     ],
 )
 def test_items_that_cannot_be_read_are_a_400(items: list[Any], param: str) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(RequestError) as caught:
         parse_items(items)
     assert caught.value.param is not None and caught.value.param.startswith(param)
 
@@ -95,10 +95,10 @@ def test_tools_and_tool_choices_become_the_chat_apis() -> None:
     named = chat_tool_choice({"type": "function", "name": "get_weather"})
     assert named == {"type": "function", "function": {"name": "get_weather"}}
     assert chat_tool_choice("required") == "required"
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(RequestError) as caught:
         chat_tools([TOOL, {"type": "web_search"}])
     assert caught.value.param == "tools[1].type"
-    with pytest.raises(OpenAIError, match="allowed_tools"):
+    with pytest.raises(RequestError, match="allowed_tools"):
         chat_tool_choice({"type": "allowed_tools", "mode": "auto", "tools": []})
 
 

@@ -9,12 +9,12 @@ from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.common.engine_api import InferenceEngine
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.serving.chat.tools import plan_tools
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
-from tensorrtllm_backend.serving.openai_api.tools import plan_tools
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.routes import ROUTE_MODELS, Route, make_route
 from tensorrtllm_backend.serving.schemas import FinishReason, GuidedDecoding, SamplingParams
+from tensorrtllm_backend.serving.triton_paths import ROUTE_MODELS, Route, make_route
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
 LIMITS = EngineLimits(max_input_len=64, max_seq_len=512, max_beam_width=1, max_batch_size=4)

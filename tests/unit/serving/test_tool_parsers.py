@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tensorrtllm_backend.serving.openai_api.tool_parsers import (
+from tensorrtllm_backend.serving.chat.tool_parsers import (
     FORMATS,
     JSON_CALLS,
     ArgumentsDelta,

@@ -13,30 +13,19 @@ forced call valid, and the tool calls read back from the generated text.
 from __future__ import annotations
 
 import json
-import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ids import new_id
 from ..request_errors import RequestError
 from ..schemas import GuidedDecoding
-from .protocol import ChatCompletionRequest, NamedToolChoice, Tool, ToolCall, ToolCallFunction
-from .response_format import make_guide
-from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
+from .events import ArgumentsDelta, CallStart, ContentDelta, Event
+from .output_format import make_guide
+from .request import ChatRequest, NamedToolChoice, Tool, ToolCall, ToolCallFunction
 from .tool_parsers import JSON_CALLS, ToolCallFormat, ToolCallParser
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-class ToolError(RequestError):
-    """A tools request that cannot be served as sent (HTTP 400 naming `param`)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message, param=param)
-
-
-def new_call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
 
 
 def parameters(tool: Tool) -> dict[str, Any]:
@@ -79,7 +68,7 @@ class ToolPlan:
 
 
 def plan_tools(
-    request: ChatCompletionRequest, fmt: ToolCallFormat | None, template_renders_tools: bool
+    request: ChatRequest, fmt: ToolCallFormat | None, template_renders_tools: bool
 ) -> ToolPlan:
     """Check `tools` / `tool_choice` and decide how the request is answered."""
     tools = request.tools or []
@@ -87,28 +76,28 @@ def plan_tools(
     names = [tool.function.name for tool in tools]
     duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
     if duplicates:
-        raise ToolError(f"tool names must be unique: {', '.join(duplicates)}", "tools")
+        raise RequestError(f"tool names must be unique: {', '.join(duplicates)}", param="tools")
     if choice is None:
         choice = "auto" if tools else "none"
     if not tools:
         if choice != "none":
-            raise ToolError(
-                "tool_choice needs tools: send the functions it may call", "tool_choice"
+            raise RequestError(
+                "tool_choice needs tools: send the functions it may call", param="tool_choice"
             )
         return ToolPlan("none")
     if not template_renders_tools:
-        raise ToolError(
+        raise RequestError(
             "this model's chat template does not render tools, so the model would not see them: "
             "send the request without tools, or pack a tokenizer whose chat template has them",
-            "tools",
+            param="tools",
         )
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
         if name not in names:
-            raise ToolError(
+            raise RequestError(
                 f"tool_choice names {name!r}, which is not among the tools "
                 f"({', '.join(repr(n) for n in names)})",
-                "tool_choice",
+                param="tool_choice",
             )
         schema = parameters(tools[names.index(name)])
         return ToolPlan("named", tools, named=name, guide=_json_schema_guide(schema, "tool_choice"))
@@ -119,12 +108,12 @@ def plan_tools(
         schema = calls_schema(tools, arguments_key, request.parallel_tool_calls)
         return ToolPlan("required", tools, guide=_json_schema_guide(schema, "tools"))
     if fmt is None:
-        raise ToolError(
+        raise RequestError(
             "tool_choice \"auto\" reads calls in the model's own format, and this model's chat "
             "template writes none that is known (hermes, llama3_json, mistral; name one with "
             'TRTLLM_TOOL_PARSER): send tool_choice "required" or {"type": "function", '
             '"function": {"name": ...}}',
-            "tool_choice",
+            param="tool_choice",
         )
     return ToolPlan("auto", tools, fmt=fmt)
 
@@ -255,7 +244,7 @@ def assemble(events: list[Event]) -> AssembledCalls:
         text if text or not calls else None,
         [
             ToolCall(
-                id=new_call_id(),
+                id=new_id("call"),
                 function=ToolCallFunction(name=name, arguments="".join(pieces)),
             )
             for name, pieces in (calls[index] for index in sorted(calls))

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from ..chat.request import NAME_PATTERN, BookkeepingFields, RequestModel
 from ..schemas import UINT64_MAX
-from .protocol import NAME_PATTERN, BookkeepingFields, OpenAIModel
 
 # Tool types of the Responses API that run on OpenAI's side.
 HOSTED_TOOLS = (
@@ -29,7 +29,7 @@ HOSTED_TOOLS = (
 HARMLESS_INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 
-class TextPart(OpenAIModel):
+class TextPart(RequestModel):
     """A text part of a message: `input_text`, or `output_text` of an answer sent back."""
 
     type: Literal["input_text", "output_text", "text", "refusal"]
@@ -46,7 +46,7 @@ def _joined(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(part.value() for part in content)
 
 
-class MessageItem(OpenAIModel):
+class MessageItem(RequestModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextPart]
@@ -58,7 +58,7 @@ class MessageItem(OpenAIModel):
         return _joined(self.content)
 
 
-class FunctionCallItem(OpenAIModel):
+class FunctionCallItem(RequestModel):
     type: Literal["function_call"]
     call_id: str = Field(..., min_length=1)
     name: str = Field(..., pattern=NAME_PATTERN)
@@ -67,7 +67,7 @@ class FunctionCallItem(OpenAIModel):
     status: str | None = None
 
 
-class FunctionCallOutputItem(OpenAIModel):
+class FunctionCallOutputItem(RequestModel):
     type: Literal["function_call_output"]
     call_id: str = Field(..., min_length=1)
     output: str | list[TextPart]
@@ -78,12 +78,12 @@ class FunctionCallOutputItem(OpenAIModel):
         return _joined(self.output)
 
 
-class ReasoningText(OpenAIModel):
+class ReasoningText(RequestModel):
     type: Literal["reasoning_text", "summary_text"]
     text: str
 
 
-class ReasoningItem(OpenAIModel):
+class ReasoningItem(RequestModel):
     type: Literal["reasoning"]
     id: str | None = None
     summary: list[ReasoningText] = Field(default_factory=list)
@@ -105,7 +105,7 @@ ITEM_TYPES: dict[str, type[InputItem]] = {
 }
 
 
-class FunctionTool(OpenAIModel):
+class FunctionTool(RequestModel):
     type: Literal["function"]
     name: str = Field(..., pattern=NAME_PATTERN)
     description: str | None = None
@@ -113,7 +113,7 @@ class FunctionTool(OpenAIModel):
     strict: bool | None = None
 
 
-class TextFormat(OpenAIModel):
+class TextFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, pattern=NAME_PATTERN)
     json_schema: dict[str, Any] | None = Field(None, alias="schema")
@@ -127,7 +127,7 @@ class TextFormat(OpenAIModel):
         return self
 
 
-class TextConfig(OpenAIModel):
+class TextConfig(RequestModel):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 

@@ -1,19 +1,18 @@
-"""OpenAI's Responses API as an adapter over the chat path.
+"""OpenAI's Responses API over the chat core.
 
-A request becomes a chat request (instructions as the system message, input items and the stored
-conversation of `previous_response_id` as the messages, function tools, `text.format` as
-response_format) and is prepared by :meth:`OpenAIServing.prepare_chat`: the same template, tool
-plan, output constraint, reasoning plan and engine checks as /v1/chat/completions. Its answer is
-read with the chat path's :class:`~.answers.AnswerReader` as it is generated and becomes output
-items (reasoning, message, function calls), sent whole or as OpenAI's stream of events with
-sequence numbers. Responses are stored (:mod:`.response_store`) unless `store` is false.
+A request becomes the core's chat request (instructions as the system message, input items and
+the stored conversation of `previous_response_id` as the messages, function tools, `text.format`
+as response_format) and is prepared by :meth:`~..chat.core.ChatCore.prepare`: the same template,
+tool plan, output constraint, reasoning plan and engine checks as every chat API. The core's
+answer steps become output items (reasoning, message, function calls), streamed as OpenAI's
+events with sequence numbers or collected and rendered once. Responses are stored
+(:mod:`.store`) unless `store` is false.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -23,15 +22,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from ...common.engine_api import EngineError
+from ..apis import RESPONSES_LABEL
+from ..chat.answer import ChatPlan
+from ..chat.core import ChatCore
+from ..chat.core import chat_request as to_chat
+from ..chat.request import ChatRequest
+from ..chat.stream import AnswerStep, answer_steps, collect
+from ..chat.usage import TokenCount
+from ..errors import validation_message
 from ..generation import PreparedRequest
+from ..ids import new_id
+from ..request_errors import RequestError
 from ..schemas import FinishReason
-from .answers import AnswerStep, ChatPlan, answer_steps
-from .chat_adapter import ChatAdapter, new_id
-from .chat_adapter import chat_request as to_chat
-from .protocol import ChatCompletionRequest
-from .response_store import ResponseStore, StoredResponse
-from .responses_output import Event, OutputBuilder
-from .responses_protocol import (
+from ..web.sse import named_event
+from .output import Event, OutputBuilder
+from .protocol import (
     HOSTED_TOOLS,
     ITEM_TYPES,
     FunctionCallItem,
@@ -42,9 +47,8 @@ from .responses_protocol import (
     ReasoningItem,
     ResponsesRequest,
 )
-from .serving import OpenAIError, OpenAIServing
+from .store import ResponseStore, StoredResponse
 
-API_LABEL = "openai_responses"
 # Chat fields named in errors, and the Responses field they came from.
 FIELDS = {
     "messages": "input",
@@ -66,7 +70,7 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
         kind = item.get("type", "message")
         model = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
         if model is None:
-            raise OpenAIError(
+            raise RequestError(
                 f"{where}[{position}]: items of type {kind!r} are not supported here (messages, "
                 "function_call, function_call_output and reasoning are)",
                 param=f"{where}[{position}].type",
@@ -74,11 +78,10 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
         try:
             parsed.append(model.model_validate(item))
         except ValidationError as error:
-            first = error.errors(include_url=False)[0]
-            location = ".".join(str(part) for part in first.get("loc", ()))
-            raise OpenAIError(
-                f"{where}[{position}].{location}: {first.get('msg')}",
-                param=f"{where}[{position}].{location}",
+            message, location = validation_message(error)
+            where_item = f"{where}[{position}]"
+            raise RequestError(
+                f"{where_item}.{message}", param=f"{where_item}.{location}" if location else None
             ) from None
     return parsed
 
@@ -131,7 +134,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     converted = []
     for position, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise OpenAIError(
+            raise RequestError(
                 f"tools[{position}]: {tool.get('type')!r} tools are not supported: this server "
                 f"runs the model only, so it offers function tools (not {HOSTED_TOOLS})",
                 param=f"tools[{position}].type",
@@ -139,8 +142,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         try:
             function = FunctionTool.model_validate(tool)
         except ValidationError as error:
-            message = error.errors(include_url=False)[0]["msg"]
-            raise OpenAIError(f"tools[{position}]: {message}", param="tools") from None
+            message, _ = validation_message(error)
+            raise RequestError(f"tools[{position}].{message}", param="tools") from None
         converted.append(
             {
                 "type": "function",
@@ -156,14 +159,14 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
-    raise OpenAIError(
+    raise RequestError(
         f"tool_choice {kind!r} is not supported: send none, auto, required or "
         '{"type": "function", "name": ...}',
         param="tool_choice",
     )
 
 
-def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatCompletionRequest:
+def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatRequest:
     """The chat request a Responses request is served as."""
     values: dict[str, Any] = {
         "model": request.model,
@@ -217,21 +220,15 @@ class ResponseRun:
     stored_final: bool = False
 
 
-class ResponsesServing(ChatAdapter):
+class ResponsesServing:
     """`/v1/responses`: create (whole or streamed), retrieve, delete, cancel."""
 
-    api = API_LABEL
-    fields = FIELDS
-
-    def __init__(self, serving: OpenAIServing, store: ResponseStore) -> None:
-        super().__init__(serving)
+    def __init__(self, core: ChatCore, store: ResponseStore) -> None:
+        self.core = core
         self.store = store
 
     async def prepare(self, request: ResponsesRequest, size: int = 0) -> ResponseRun:
         """The response to run (`size`: the request body's bytes)."""
-        refused = request.unsupported()
-        if refused is not None:
-            raise OpenAIError(refused[1], param=refused[0])
         new_items = parse_items(request.input)
         history: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
@@ -240,21 +237,22 @@ class ResponsesServing(ChatAdapter):
                 raise self._not_found(request.previous_response_id, "previous_response_id")
             history = found
         items = parse_items(history, "previous_response_id") + new_items
-        prepared, plan = await self.prepare_chat(chat_request(request, items), size)
+        chat = chat_request(request, items)
+        prepared, plan = await self.core.prepare(chat, size, RESPONSES_LABEL, FIELDS)
         dumped = [_stored_item(item) for item in new_items]
         run = ResponseRun(request, prepared, plan, dumped)
         if request.store and self.store.enabled:
             self._store(run, self.response(run, "in_progress", []), [])
         return run
 
-    def _not_found(self, response_id: str, param: str | None = None) -> OpenAIError:
+    def _not_found(self, response_id: str, param: str | None = None) -> RequestError:
         keeps = (
             f"responses are kept {self.store.ttl_s:g} s within {self.store.max_bytes} bytes, "
             "by the worker that made them"
             if self.store.enabled
             else "this server stores no responses (TRTLLM_RESPONSES_STORE_BYTES=0)"
         )
-        return OpenAIError(
+        return RequestError(
             f"response {response_id!r} not found ({keeps})", 404, param=param, code="not_found"
         )
 
@@ -272,7 +270,7 @@ class ResponsesServing(ChatAdapter):
         failed (the engine) or cancelled (the client left)."""
         status: str | None = "cancelled"  # unless it finishes: the client left
         try:
-            steps = answer_steps(self.serving.generator, run.prepared, run.plan, run.cancelled)
+            steps = answer_steps(self.core.generator, run.prepared, run.plan, run.cancelled)
             async with aclosing(steps) as each:
                 async for step in each:
                     yield step
@@ -285,20 +283,23 @@ class ResponsesServing(ChatAdapter):
                 self._store(run, self.response(run, status, run.output), run.output)
 
     async def create(self, run: ResponseRun) -> dict[str, Any]:
-        """The whole response."""
+        """The whole response: the answer's steps collected, rendered once."""
+        answer = await collect(run.prepared, self._steps(run))
+        (sequence,) = answer.sequences
         output = OutputBuilder(run.output)
-        last = AnswerStep([], 0)
-        async with aclosing(self._steps(run)) as steps:
-            async for last in steps:
-                for _ in output.feed(last.events):
-                    pass
-        for _ in output.finish(_item_status(last.finish_reason)):
-            pass
-        return self._finish(run, output, last)
+        output.status = _item_status(sequence.finish_reason)
+        output.build(sequence.events)
+        return self._finish(run, output, sequence.finish_reason, answer.usage)
 
-    def _finish(self, run: ResponseRun, output: OutputBuilder, last: AnswerStep) -> dict[str, Any]:
-        status = _status(last.finish_reason)
-        response = self.response(run, status, output.items, last, output.reasoning_text())
+    def _finish(
+        self,
+        run: ResponseRun,
+        output: OutputBuilder,
+        finish: FinishReason | None,
+        usage: TokenCount,
+    ) -> dict[str, Any]:
+        status = _status(finish)
+        response = self.response(run, status, output.items, usage, output.reasoning_text())
         if run.request.store:
             self._store(run, response, output.items)
         run.stored_final = True
@@ -308,12 +309,8 @@ class ResponsesServing(ChatAdapter):
         """OpenAI's stream of events, each with its sequence number. The first events wait for
         the engine's first answer, so a failure before it still gets an error status."""
         numbers = itertools.count()
-
-        def event(kind: str, payload: dict[str, Any]) -> str:
-            body = {"type": kind, "sequence_number": next(numbers), **payload}
-            return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
-
         output = OutputBuilder(run.output)
+        usage = TokenCount(len(run.prepared.prompt_ids))
 
         def started() -> list[Event]:
             snapshot = self.response(run, "in_progress", [])
@@ -322,7 +319,7 @@ class ResponsesServing(ChatAdapter):
 
         def ended(last: AnswerStep) -> Iterator[Event]:
             yield from output.finish(_item_status(last.finish_reason))
-            response = self._finish(run, output, last)
+            response = self._finish(run, output, last.finish_reason, usage)
             yield _FINAL_EVENTS[response["status"]], {"response": response}
 
         def failed(error: EngineError) -> list[Event]:
@@ -331,15 +328,16 @@ class ResponsesServing(ChatAdapter):
             return [("error", {"code": "server_error", "message": str(error), "param": None}),
                     ("response.failed", {"response": response})]  # fmt: skip
 
-        async for kind, payload in output.stream(self._steps(run), started, ended, failed):
-            yield event(kind, payload)
+        steps = self._steps(run)
+        async for kind, payload in output.stream(steps, usage, started, ended, failed):
+            yield named_event(kind, {"type": kind, "sequence_number": next(numbers), **payload})
 
     def response(
         self,
         run: ResponseRun,
         status: str,
         output: list[dict[str, Any]],
-        last: AnswerStep | None = None,
+        usage: TokenCount | None = None,
         reasoning: str = "",
     ) -> dict[str, Any]:
         """The Response object in a given state."""
@@ -354,7 +352,7 @@ class ResponsesServing(ChatAdapter):
             "object": "response",
             "created_at": run.created_at,
             "status": status,
-            "model": self.serving.model_name,
+            "model": self.core.model_name,
             "output": output,
             "instructions": request.instructions,
             "previous_response_id": request.previous_response_id,
@@ -377,24 +375,24 @@ class ResponsesServing(ChatAdapter):
         }
         if status == "incomplete":
             response["incomplete_details"] = {"reason": "max_output_tokens"}
-        if last is not None:
+        if usage is not None:
             response["completed_at"] = time.time()
-            response["usage"] = self._usage(run.prepared, last, reasoning)
+            response["usage"] = self._usage(usage, reasoning)
         return response
 
-    def _usage(self, prepared: PreparedRequest, last: AnswerStep, reasoning: str) -> dict:
-        prompt_tokens, output_tokens = len(prepared.prompt_ids), last.completion_tokens
+    def _usage(self, usage: TokenCount, reasoning: str) -> dict:
+        output_tokens = usage.completion_tokens
         return {
-            "input_tokens": prompt_tokens,
+            "input_tokens": usage.prompt_tokens,
             "input_tokens_details": {
-                "cached_tokens": last.cached_tokens,
+                "cached_tokens": usage.cached_tokens,
                 "cache_write_tokens": 0,
             },
             "output_tokens": output_tokens,
             "output_tokens_details": {
-                "reasoning_tokens": min(self.serving.count_tokens(reasoning), output_tokens)
+                "reasoning_tokens": min(self.core.count_tokens(reasoning), output_tokens)
             },
-            "total_tokens": prompt_tokens + output_tokens,
+            "total_tokens": usage.total_tokens,
         }
 
     # -- stored responses ---------------------------------------------------------------------
@@ -431,7 +429,7 @@ class ResponsesServing(ChatAdapter):
         if entry is None:
             raise self._not_found(response_id)
         if entry.cancelled is None:
-            raise OpenAIError(
+            raise RequestError(
                 f"response {response_id!r} is {entry.response['status']}: only a response in "
                 "progress can be cancelled"
             )

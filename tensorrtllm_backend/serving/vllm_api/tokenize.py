@@ -17,12 +17,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .protocol import ChatCompletionRequest, ChatMessage, OpenAIModel, Tool
-from .routes import Endpoints
-from .serving import OpenAIError, OpenAIServing
+from ..chat.core import ChatCore
+from ..chat.request import ChatMessage, ChatRequest, RequestModel, Tool
+from ..request_errors import RequestError
+from ..web.endpoints import Endpoints
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(RequestModel):
     """A prompt or chat messages (exactly one of them)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -43,53 +44,53 @@ class TokenizeRequest(OpenAIModel):
         return self
 
 
-class DetokenizeRequest(OpenAIModel):
+class DetokenizeRequest(RequestModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     tokens: list[int] = Field(..., max_length=1_000_000)
 
 
-def _check_model(serving: OpenAIServing, name: str | None) -> None:
-    if name is not None and name not in serving.model_names():
-        raise serving.unknown_model(name)
+def _check_model(core: ChatCore, name: str | None) -> None:
+    if name is not None and name not in core.model_names():
+        raise core.unknown_model(name)
 
 
-def tokenize(serving: OpenAIServing, request: TokenizeRequest) -> dict[str, Any]:
-    _check_model(serving, request.model)
+def tokenize(core: ChatCore, request: TokenizeRequest) -> dict[str, Any]:
+    _check_model(core, request.model)
     if request.messages is not None:
-        chat = ChatCompletionRequest.model_validate(
+        chat = ChatRequest.model_validate(
             {
-                "model": request.model or serving.model_name,
+                "model": request.model or core.model_name,
                 "messages": request.messages,
                 "tools": request.tools,
                 "add_generation_prompt": request.add_generation_prompt,
                 "chat_template_kwargs": request.chat_template_kwargs,
             }
         )
-        text = serving.render_chat(chat, serving.plan_tools(chat))
+        text = core.render(chat, core.plan_tools(chat))
         special = bool(request.add_special_tokens)
     else:
         assert request.prompt is not None
         text = request.prompt
         special = request.add_special_tokens is not False
-    tokenizer = serving.generator.tokenizer
+    tokenizer = core.generator.tokenizer
     ids = list(tokenizer.encode(text, add_special_tokens=special))
     return {
         "count": len(ids),
-        "max_model_len": serving.generator.limits.max_seq_len,
+        "max_model_len": core.generator.limits.max_seq_len,
         "tokens": ids,
         "token_strs": tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None,
     }
 
 
-def detokenize(serving: OpenAIServing, request: DetokenizeRequest) -> dict[str, Any]:
-    _check_model(serving, request.model)
-    tokenizer = serving.generator.tokenizer
+def detokenize(core: ChatCore, request: DetokenizeRequest) -> dict[str, Any]:
+    _check_model(core, request.model)
+    tokenizer = core.generator.tokenizer
     size = len(tokenizer)
     outside = [token for token in request.tokens if not 0 <= token < size]
     if outside:
-        raise OpenAIError(
+        raise RequestError(
             f"token id {outside[0]} is outside the vocabulary [0, {size})", param="tokens"
         )
     return {"prompt": tokenizer.decode(request.tokens)}
@@ -99,18 +100,16 @@ def tokenize_routes(endpoints: Endpoints) -> list[Route]:
     """`POST /tokenize` and `POST /detokenize`, relative to the service's root."""
 
     async def tokenize_endpoint(request: Request) -> Response:
-        serving = endpoints.serving()
-        parsed, size = await endpoints.parse(request, serving, TokenizeRequest)
+        core = endpoints.core()
+        parsed, size = await endpoints.parse(request, core, TokenizeRequest)
         assert isinstance(parsed, TokenizeRequest)
-        return JSONResponse(await serving.generator.offloader.run(size, tokenize, serving, parsed))
+        return JSONResponse(await core.generator.offloader.run(size, tokenize, core, parsed))
 
     async def detokenize_endpoint(request: Request) -> Response:
-        serving = endpoints.serving()
-        parsed, size = await endpoints.parse(request, serving, DetokenizeRequest)
+        core = endpoints.core()
+        parsed, size = await endpoints.parse(request, core, DetokenizeRequest)
         assert isinstance(parsed, DetokenizeRequest)
-        return JSONResponse(
-            await serving.generator.offloader.run(size, detokenize, serving, parsed)
-        )
+        return JSONResponse(await core.generator.offloader.run(size, detokenize, core, parsed))
 
     return [
         Route("/tokenize", endpoints.handler(tokenize_endpoint), methods=["POST"]),

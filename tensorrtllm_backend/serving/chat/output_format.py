@@ -14,27 +14,20 @@ from dataclasses import dataclass
 
 from ..request_errors import RequestError
 from ..schemas import MAX_GUIDE_CHARS, GuidedDecoding
-from .protocol import ResponseFormat, _SamplingFields
+from .request import ResponseFormat, SamplingFields
 
 # Any JSON object. additionalProperties is spelled out: xgrammar's strict mode (TensorRT-LLM's
 # too) reads a schema without it as "no properties but those listed".
 ANY_OBJECT = json.dumps({"type": "object", "additionalProperties": True})
 
 
-class FormatError(RequestError):
-    """A constraint that cannot be served as sent (HTTP 400 naming `param`)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message, param=param)
-
-
 def make_guide(kind: str, text: str, param: str) -> GuidedDecoding:
     """The core request's guide; one longer than the engine takes is a 400 naming `param`."""
     if len(text) > MAX_GUIDE_CHARS:
-        raise FormatError(
+        raise RequestError(
             f"{param} makes a guide of {len(text)} characters; at most {MAX_GUIDE_CHARS} are "
             "accepted: send a smaller one",
-            param,
+            param=param,
         )
     return GuidedDecoding(type=kind, guide=text)  # type: ignore[arg-type]
 
@@ -45,7 +38,7 @@ class OutputConstraint:
     param: str  # the request field it came from, for error messages
 
 
-def output_constraint(request: _SamplingFields) -> OutputConstraint | None:
+def output_constraint(request: SamplingFields) -> OutputConstraint | None:
     """The guide a request's response_format or guided_* field asks for (None: free text)."""
     found: list[OutputConstraint] = []
     if request.response_format is not None:
@@ -64,8 +57,8 @@ def output_constraint(request: _SamplingFields) -> OutputConstraint | None:
         found.append(OutputConstraint(choice_guide(request.guided_choice), "guided_choice"))
     if len(found) > 1:
         names = ", ".join(c.param for c in found)
-        raise FormatError(
-            f"send one output constraint per request, not several ({names})", found[1].param
+        raise RequestError(
+            f"send one output constraint per request, not several ({names})", param=found[1].param
         )
     return found[0] if found else None
 
@@ -87,22 +80,24 @@ def _schema_guide(schema: dict[str, object] | str) -> GuidedDecoding:
         try:
             parsed = json.loads(schema)
         except ValueError as error:
-            raise FormatError(f"guided_json is not valid JSON: {error}", "guided_json") from None
+            raise RequestError(
+                f"guided_json is not valid JSON: {error}", param="guided_json"
+            ) from None
         if not isinstance(parsed, dict):
-            raise FormatError("guided_json must be a JSON schema object", "guided_json")
+            raise RequestError("guided_json must be a JSON schema object", param="guided_json")
         schema = parsed
     return make_guide("json_schema", json.dumps(schema), "guided_json")
 
 
 def _guide(kind: str, text: str, param: str) -> GuidedDecoding:
     if not text.strip():
-        raise FormatError(f"the {kind} guide is empty", param)
+        raise RequestError(f"the {kind} guide is empty", param=param)
     return make_guide(kind, text, param)
 
 
 def choice_guide(choices: list[str]) -> GuidedDecoding:
     """An EBNF grammar whose sentences are exactly the given strings."""
     if any(not choice for choice in choices):
-        raise FormatError("guided_choice strings must not be empty", "guided_choice")
+        raise RequestError("guided_choice strings must not be empty", param="guided_choice")
     alternatives = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
     return make_guide("ebnf_grammar", f"root ::= {alternatives}", "guided_choice")

@@ -22,14 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .tool_events import ContentDelta
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    """Text of the model's thinking."""
-
-    text: str
+from .events import ContentDelta, ReasoningDelta
 
 
 class Opening(str, enum.Enum):

@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .answers import AnswerParts
-from .chat_adapter import new_id
-from .tools import new_call_id
+from ..chat.parts import AnswerParts
+from ..ids import new_id
 
 Event = tuple[str, dict[str, Any]]  # (type, payload without type and sequence number)
 
@@ -29,7 +28,7 @@ class OutputBuilder(AnswerParts[Event]):
     def opened(self, kind: str, name: str | None) -> Iterator[Event]:
         if kind == "call":
             item = {
-                "type": "function_call", "id": new_id("fc"), "call_id": new_call_id(),
+                "type": "function_call", "id": new_id("fc"), "call_id": new_id("call"),
                 "name": name, "arguments": "", "status": "in_progress",
             }  # fmt: skip
         elif kind == "thinking":

@@ -1,7 +1,7 @@
 """The `/v1/responses` routes: create, retrieve, list input items, delete, cancel.
 
 Errors are OpenAI error objects, as on the rest of `/v1`; the stored responses live in one
-:class:`~.response_store.ResponseStore` per worker.
+:class:`~.store.ResponseStore` per worker.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .response_store import ResponseStore
-from .responses import ResponsesServing
-from .responses_protocol import ResponsesRequest
-from .routes import Endpoints, _streaming_response
+from ..web.endpoints import Endpoints, streaming_response
+from .protocol import ResponsesRequest
+from .serving import ResponsesServing
+from .store import ResponseStore
 
 
 def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -> list[Route]:
@@ -22,15 +22,15 @@ def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -
     handler = endpoints.handler
 
     def current() -> ResponsesServing:
-        return ResponsesServing(endpoints.serving(), responses_store)
+        return ResponsesServing(endpoints.core(), responses_store)
 
     async def create(request: Request) -> Response:
         server = current()
-        parsed, size = await endpoints.parse(request, server.serving, ResponsesRequest)
+        parsed, size = await endpoints.parse(request, server.core, ResponsesRequest)
         assert isinstance(parsed, ResponsesRequest)
         run = await server.prepare(parsed, size)
         if parsed.stream:
-            return await _streaming_response(server.stream(run), server.serving.stream_interval)
+            return await streaming_response(server.stream(run), server.core.stream_interval)
         return JSONResponse(await server.create(run))
 
     def response_id(request: Request) -> str:

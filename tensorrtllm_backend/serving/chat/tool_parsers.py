@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .tool_events import ArgumentsDelta, CallStart, ContentDelta, Event
+from .events import ArgumentsDelta, CallStart, ContentDelta, Event
 
 __all__ = [
     "FORMATS",

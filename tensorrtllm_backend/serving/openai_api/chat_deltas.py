@@ -1,5 +1,4 @@
-"""Streamed chat deltas of a sequence read by an :class:`~.answers.AnswerReader`, in OpenAI's
-chunk shape.
+"""Chat answer events in OpenAI's chunk shape: the JSON of a chunk's `delta` object.
 
 Thinking goes out as `reasoning_content` and `reasoning` (the names trtllm-serve and vLLM use);
 a call's first delta carries its index, id, type and name (with empty arguments); later deltas
@@ -10,31 +9,14 @@ from __future__ import annotations
 
 import json
 
-from .answers import AnswerEvent, AnswerReader
-from .reasoning import ReasoningDelta
-from .tool_events import ArgumentsDelta, CallStart, ContentDelta
-from .tools import new_call_id
+from ..chat.events import AnswerEvent, ArgumentsDelta, CallStart, ContentDelta, ReasoningDelta
+from ..ids import new_id
 
 _json = json.dumps
 
 
-class ChatDeltas:
-    """Turns one sequence's text pieces into the JSON of its `delta` objects."""
-
-    def __init__(self, reader: AnswerReader) -> None:
-        self._reader = reader
-
-    @property
-    def calls(self) -> int:
-        """Calls started so far."""
-        return self._reader.calls
-
-    def deltas(self, text: str, final: bool = False) -> list[str]:
-        """Delta objects (JSON) for a new piece of text; `final`: the sequence ended."""
-        return [_delta(event) for event in self._reader.feed(text, final)]
-
-
-def _delta(event: AnswerEvent) -> str:
+def delta_json(event: AnswerEvent) -> str:
+    """The `delta` object of one answer event."""
     if isinstance(event, ContentDelta):
         return f'{{"content":{_json(event.text)}}}'
     if isinstance(event, ReasoningDelta):
@@ -43,7 +25,7 @@ def _delta(event: AnswerEvent) -> str:
     if isinstance(event, CallStart):
         call = {
             "index": event.index,
-            "id": new_call_id(),
+            "id": new_id("call"),
             "type": "function",
             "function": {"name": event.name, "arguments": ""},
         }

@@ -1,0 +1,169 @@
+"""The one answer-event stream of a request, and the whole answer as those events collected.
+
+Every API reads its answer here: chat completions (whole and streamed, every sequence), the
+Responses API, Anthropic's Messages, completions. Each step is what one engine step added to one
+sequence: the text that became final, that text read by the chat plan (thinking, content, tool
+calls), the tokens behind it with their log probs, and on a sequence's last step its finish. A
+renderer turns steps into its API's events; a whole answer is the same steps collected
+(:func:`collect`) and rendered once, so the two cannot disagree.
+
+This runs once per token: plain dataclasses with slots, and the text is read only when the plan
+needs it (reasoning, tool calls) or the caller asked for content events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from ..generation import Generator, PreparedRequest
+from ..schemas import FinishReason, TopLogProbs
+from .answer import AnswerReader, ChatPlan
+from .events import AnswerEvent, ContentDelta
+from .usage import TokenCount
+
+
+@dataclass(slots=True)
+class AnswerStep:
+    """What one step of a generation added to sequence `index`'s answer."""
+
+    index: int
+    text: str = ""  # the text that became final
+    events: list[AnswerEvent] = field(default_factory=list)  # the text, read
+    token_ids: list[int] = field(default_factory=list)  # the tokens behind the text
+    log_probs: list[float] = field(default_factory=list)  # theirs, when asked for
+    top_log_probs: list[TopLogProbs] = field(default_factory=list)
+    token_count: int = 0  # tokens generated in the step
+    finish_reason: FinishReason | None = None  # on the sequence's last step
+    stop: str | None = None  # the stop string it ended at (last step)
+    cached_tokens: int = 0  # prompt tokens found in the engine's KV cache (last step)
+
+
+class _Reading:
+    """How each sequence's text becomes events: the plan's reader, content as it is, or not at
+    all (completions)."""
+
+    __slots__ = ("readers", "content")
+
+    def __init__(self, plan: ChatPlan | None, sequences: int) -> None:
+        self.readers: list[AnswerReader] | None = None
+        if plan is not None and plan.reads_text:
+            self.readers = [plan.reader() for _ in range(sequences)]
+        self.content = plan is not None
+
+    def read(self, index: int, text: str, final: bool) -> list[AnswerEvent]:
+        if self.readers is not None:
+            return self.readers[index].feed(text, final)
+        return [ContentDelta(text)] if self.content and text else []
+
+
+async def answer_steps(
+    generator: Generator,
+    prepared: PreparedRequest,
+    plan: ChatPlan | None = None,
+    cancelled: asyncio.Event | None = None,
+) -> AsyncIterator[AnswerStep]:
+    """The steps of every sequence of a request, interleaved as the engine answers. `plan`: how
+    a chat answer is read (None: the text is not read into events, as completions need).
+
+    A step is sent when it has text or ends its sequence: tokens whose text is still held back (a
+    partial character, a possible stop string) travel with the next text of their sequence.
+    Setting `cancelled` stops the generation at its next step; every sequence then ends with
+    CANCELLED.
+    """
+    count = prepared.params.num_return_sequences
+    reading = _Reading(plan, count)
+    pending = [AnswerStep(index) for index in range(count)]
+    open_sequences = set(range(count))
+    async with aclosing(generator.stream(prepared)) as chunks:
+        async for chunk in chunks:
+            index = chunk.index
+            step = pending[index]
+            step.token_ids += chunk.token_ids
+            if chunk.log_probs:
+                step.log_probs += chunk.log_probs
+            if chunk.top_log_probs:
+                step.top_log_probs += chunk.top_log_probs
+            step.token_count += chunk.token_count
+            final = chunk.finish_reason is not None
+            if not final and cancelled is not None and cancelled.is_set():
+                step.text = chunk.text
+                for index in sorted(open_sequences):
+                    step = pending[index]
+                    step.events = reading.read(index, step.text, True)
+                    step.finish_reason = FinishReason.CANCELLED
+                    yield step
+                return
+            if chunk.text or final:
+                step.text = chunk.text
+                step.events = reading.read(index, chunk.text, final)
+                if final:
+                    step.finish_reason, step.stop = chunk.finish_reason, chunk.stop
+                    step.cached_tokens = chunk.cached_tokens
+                    open_sequences.discard(index)
+                yield step
+                pending[index] = AnswerStep(index)
+
+
+@dataclass(slots=True)
+class SequenceAnswer:
+    """One sequence's steps, collected."""
+
+    index: int
+    pieces: list[str] = field(default_factory=list)
+    events: list[AnswerEvent] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    top_log_probs: list[TopLogProbs] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def cum_log_prob(self) -> float:
+        return sum(self.log_probs)
+
+    def add(self, step: AnswerStep) -> None:
+        self.pieces.append(step.text)
+        self.events += step.events
+        self.token_ids += step.token_ids
+        self.log_probs += step.log_probs
+        self.top_log_probs += step.top_log_probs
+        if step.finish_reason is not None:
+            self.finish_reason, self.stop = step.finish_reason, step.stop
+
+
+@dataclass(slots=True)
+class WholeAnswer:
+    """Every sequence of a request (in index order) and its usage."""
+
+    sequences: list[SequenceAnswer]
+    usage: TokenCount
+
+    @property
+    def render_size(self) -> int:
+        """About the characters rendering the answer handles (its text, and a few per token
+        named in log probs and their alternatives): what decides whether rendering runs off
+        the event loop."""
+        return sum(
+            sum(len(piece) for piece in sequence.pieces)
+            + 8 * len(sequence.log_probs)
+            + 8 * sum(len(ids) for ids, _ in sequence.top_log_probs)
+            for sequence in self.sequences
+        )
+
+
+async def collect(prepared: PreparedRequest, steps: AsyncIterator[AnswerStep]) -> WholeAnswer:
+    """The whole answer: `steps` (of :func:`answer_steps`) gathered per sequence."""
+    sequences = [SequenceAnswer(i) for i in range(prepared.params.num_return_sequences)]
+    usage = TokenCount(len(prepared.prompt_ids))
+    async with aclosing(steps) as each:
+        async for step in each:
+            usage.add(step)
+            sequences[step.index].add(step)
+    return WholeAnswer(sequences, usage)
