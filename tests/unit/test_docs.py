@@ -1,6 +1,7 @@
 """The README and docs/ stay true to the tree: relative links lead to files and headings that
-exist, every `TRTLLM_*` name they mention is a setting or is used in the code, and the README
-stays a short landing page that opens with the two set-up commands."""
+exist, every `TRTLLM_*` name they mention is a setting or is used in the code, the README stays a
+short landing page that opens with the two set-up commands, docs/performance.md stays a short
+page of method and current figures, and every dated run under docs/results/runs/ is indexed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tensorrtllm_backend.settings import STUB_VARIABLES, Settings, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]  # with docs/results/
 # Where a variable counts as used: the code, scripts, benchmarks and tests (not this module).
 CODE_PLACES = (
     "tensorrtllm_backend",
@@ -25,6 +26,10 @@ CODE_PLACES = (
 )
 CODE_SUFFIXES = {".py", ".sh", ".pbtxt", ".yaml", ".yml", ".toml"}
 README_MAX_LINES = 250
+PERFORMANCE = ROOT / "docs" / "performance.md"
+PERFORMANCE_MAX_LINES = 300  # method and current figures; dated runs go to docs/results/
+RESULTS_INDEX = ROOT / "docs" / "results" / "README.md"
+RUNS = ROOT / "docs" / "results" / "runs"
 SETUP_COMMANDS = [
     "./scripts/serve-demo.sh   # 1. install into .venv, pack the CPU demo model, serve it on 127.0.0.1:3000",
     "./scripts/test.sh         # 2. install into .venv, lint, run all tests (real tritonserver + bentoml serve)",
@@ -112,6 +117,21 @@ def unknown_variables(markdown: str, known: set[str]) -> list[str]:
 def test_the_readme_is_a_short_landing_page() -> None:
     lines = README.read_text().splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+
+
+def test_the_performance_page_stays_short() -> None:
+    lines = PERFORMANCE.read_text().splitlines()
+    assert len(lines) <= PERFORMANCE_MAX_LINES, (
+        f"docs/performance.md has {len(lines)} lines: move dated runs to docs/results/runs/"
+    )
+
+
+def test_every_dated_run_is_listed_in_the_results_index() -> None:
+    runs = sorted(RUNS.glob("*.md"))
+    assert runs, "no dated runs under docs/results/runs/"
+    index = links(RESULTS_INDEX.read_text())
+    assert [run.name for run in runs if f"runs/{run.name}" not in index] == []
+    assert all(re.match(r"\d{4}-\d{2}-\d{2}-", run.name) for run in runs)
 
 
 def test_the_readmes_first_commands_are_the_two_setup_commands() -> None:
