@@ -27,17 +27,18 @@ from ..common.tokenization import StopStringMatcher
 from .ids import new_request_id
 from .metrics import GenerationMetrics
 from .offload import Offloader
+from .prompt_ids import MAX_CHARS_PER_TOKEN, encode_prompt
 from .request_errors import RequestError
 from .schemas import (
-    FinishReason,
     GenerationChunk,
     GenerationResult,
     SamplingParams,
     SequenceResult,
 )
+from .sequence_state import SequenceState
 from .token_strings import TokenStrings
 from .translation import LoraTensors, sequence_index
-from .triton_paths import Decoder, EngineRoute, Route, make_route
+from .triton_paths import EngineRoute, Route, make_route
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,40 +67,6 @@ class PreparedRequest:
     prompt_ids: list[int]
     api: str = "native"  # metrics label
     lora: LoraAdapter | None = None
-
-
-# A prompt longer than max_input_len tokens of this many characters each is refused without
-# tokenizing it. Real text averages 3-5 characters per token; even long runs of one character
-# merge into tokens of at most a few dozen. A prompt over the bound costs the service nothing,
-# where tokenizing it cost ~1 s of CPU per megabyte, and freeing its encoding held the GIL for
-# ~100 ms (tokenizers frees one allocation per token).
-MAX_CHARS_PER_TOKEN = 64
-
-
-def encode_prompt(
-    tokenizer: Any, prompt: str, add_special_tokens: bool, max_tokens: int
-) -> list[int] | int:
-    """The prompt's token ids, or only how many there are when that is more than `max_tokens`.
-
-    With a fast tokenizer the ids of a prompt that is too long are never turned into a Python
-    list: the Rust encoder runs without the GIL, but building the list of a megabyte prompt's
-    ids held it for ~100 ms, stalling the event loop from another thread. transformers'
-    `encode` makes the same backend call; a tokenizer configured otherwise (truncation,
-    padding, split special tokens) or a slow one goes through `encode` itself.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (
-        backend is None
-        or backend.truncation is not None
-        or backend.padding is not None
-        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
-    ):
-        ids = list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
-        return ids if len(ids) <= max_tokens else len(ids)
-    (encoding,) = backend.encode_batch([prompt], add_special_tokens=add_special_tokens)
-    if len(encoding) > max_tokens:
-        return len(encoding)
-    return list(encoding.ids)
 
 
 class Generator:
@@ -363,7 +330,7 @@ class Generator:
     async def _release(
         self,
         results: AsyncGenerator[EngineResult, None],
-        sequences: list[_Sequence],
+        sequences: list[SequenceState],
         max_tokens: int,
     ) -> None:
         """Stop a Triton stream the caller left early (disconnect, error): cancel it, unless it
@@ -375,8 +342,8 @@ class Generator:
         else:
             await results.aclose()
 
-    def _sequence(self, index: int, params: SamplingParams) -> _Sequence:
-        return _Sequence(index, self.path.decoder(params), StopStringMatcher(params.stop))
+    def _sequence(self, index: int, params: SamplingParams) -> SequenceState:
+        return SequenceState(index, self.path.decoder(params), StopStringMatcher(params.stop))
 
     def _results(self, request: PreparedRequest) -> AsyncGenerator[EngineResult, None]:
         """The Triton stream of a request (with the LoRA cache protocol when it names one)."""
@@ -467,40 +434,3 @@ class Generator:
         for sequence, text in zip(sequences, texts, strict=True):
             sequence.text = "".join(text)
         return GenerationResult(len(request.prompt_ids), sequences, cached)
-
-
-class _Sequence:
-    """Per-sequence state of a stream: its decoder, stop strings and token count."""
-
-    __slots__ = ("index", "decode", "stops", "generated", "finish_reason")
-
-    def __init__(self, index: int, decode: Decoder, stops: StopStringMatcher) -> None:
-        self.index = index
-        self.decode = decode
-        self.stops = stops
-        self.generated = 0
-        self.finish_reason = FinishReason.STOP
-
-    @property
-    def stopped(self) -> bool:
-        """Cut at a stop string (the matcher suppresses everything after it)."""
-        return self.stops.stopped
-
-    def last_chunk(self, max_tokens: int) -> GenerationChunk:
-        """Text held back for a possible stop string, with the finish reason."""
-        tail = ""
-        if not self.stopped:
-            # The text before a stop string completed by the flushed bytes is still output.
-            tail, stopped = self.stops.feed(self.decode.flush())
-            if not stopped:
-                tail += self.stops.flush()
-        count, reason = self.decode.finish(max_tokens, self.generated)
-        if not self.stopped and reason is not None:
-            self.finish_reason = reason
-        return GenerationChunk(
-            tail,
-            token_count=count,
-            finish_reason=self.finish_reason,
-            index=self.index,
-            stop=self.stops.matched,
-        )

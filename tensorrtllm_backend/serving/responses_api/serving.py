@@ -5,7 +5,8 @@ the stored conversation of `previous_response_id` as the messages, function tool
 as response_format) and is prepared by :meth:`~..chat.core.ChatCore.prepare`: the same template,
 tool plan, output constraint, reasoning plan and engine checks as every chat API. The core's
 answer steps become output items (reasoning, message, function calls), streamed as OpenAI's
-events with sequence numbers or collected and rendered once. Responses are stored
+events with sequence numbers or collected and rendered once (the request as a chat request:
+:mod:`.conversion`). Responses are stored
 (:mod:`.store`) unless `store` is false.
 """
 
@@ -19,190 +20,21 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from ...common.engine_api import EngineError
 from ..apis import RESPONSES_LABEL
 from ..chat.answer import ChatPlan
 from ..chat.core import ChatCore
-from ..chat.core import chat_request as to_chat
-from ..chat.request import ChatRequest
 from ..chat.stream import AnswerStep, answer_steps, collect
 from ..chat.usage import TokenCount
-from ..errors import validation_message
 from ..generation import PreparedRequest
 from ..ids import new_id
 from ..request_errors import RequestError
 from ..schemas import FinishReason
 from ..web.sse import named_event
+from .conversion import FIELDS, chat_request, parse_items, stored_item
 from .output import Event, OutputBuilder
-from .protocol import (
-    HOSTED_TOOLS,
-    ITEM_TYPES,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    FunctionTool,
-    InputItem,
-    MessageItem,
-    ReasoningItem,
-    ResponsesRequest,
-)
+from .protocol import ResponsesRequest
 from .store import ResponseStore, StoredResponse
-
-# Chat fields named in errors, and the Responses field they came from.
-FIELDS = {
-    "messages": "input",
-    "response_format": "text.format",
-    "max_tokens": "max_output_tokens",
-    "max_completion_tokens": "max_output_tokens",
-}
-
-
-# --- request → chat request ------------------------------------------------------------------
-
-
-def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list[InputItem]:
-    """Input items by their type (a message may leave it out); others are a 400."""
-    if isinstance(items, str):
-        return [MessageItem(role="user", content=items)]
-    parsed: list[InputItem] = []
-    for position, item in enumerate(items):
-        kind = item.get("type", "message")
-        model = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
-        if model is None:
-            raise RequestError(
-                f"{where}[{position}]: items of type {kind!r} are not supported here (messages, "
-                "function_call, function_call_output and reasoning are)",
-                param=f"{where}[{position}].type",
-            )
-        try:
-            parsed.append(model.model_validate(item))
-        except ValidationError as error:
-            message, location = validation_message(error)
-            where_item = f"{where}[{position}]"
-            raise RequestError(
-                f"{where_item}.{message}", param=f"{where_item}.{location}" if location else None
-            ) from None
-    return parsed
-
-
-def _stored_item(item: InputItem) -> dict[str, Any]:
-    """An input item as stored: with an id, as OpenAI lists input items."""
-    prefix = {"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(item.type, "fco")
-    return {**item.model_dump(exclude_none=True, by_alias=True), "id": item.id or new_id(prefix)}
-
-
-def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
-    """The conversation as chat messages: a developer message is a system message (what chat
-    templates know); function calls join the assistant message before them, their outputs are
-    tool messages, and a reasoning item is the thinking of the assistant message after it."""
-    messages: list[dict[str, Any]] = []
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    thinking = ""
-    for item in items:
-        if isinstance(item, ReasoningItem):
-            thinking += item.text()
-            continue
-        if isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
-            continue
-        if isinstance(item, MessageItem):
-            role = "system" if item.role == "developer" else item.role
-            messages.append({"role": role, "content": item.text()})
-        else:
-            assert isinstance(item, FunctionCallItem)
-            call = {
-                "id": item.call_id,
-                "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
-            }
-            last = messages[-1] if messages else None
-            if last is None or last["role"] != "assistant":
-                last = {"role": "assistant", "content": None}
-                messages.append(last)
-            last.setdefault("tool_calls", []).append(call)
-        if messages[-1]["role"] == "assistant" and thinking:
-            messages[-1]["reasoning_content"] = thinking
-            thinking = ""
-    return messages
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    converted = []
-    for position, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise RequestError(
-                f"tools[{position}]: {tool.get('type')!r} tools are not supported: this server "
-                f"runs the model only, so it offers function tools (not {HOSTED_TOOLS})",
-                param=f"tools[{position}].type",
-            )
-        try:
-            function = FunctionTool.model_validate(tool)
-        except ValidationError as error:
-            message, _ = validation_message(error)
-            raise RequestError(f"tools[{position}].{message}", param="tools") from None
-        converted.append(
-            {
-                "type": "function",
-                "function": function.model_dump(exclude={"type"}, exclude_none=True),
-            }
-        )
-    return converted
-
-
-def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    if choice is None or choice in ("none", "auto", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-        return {"type": "function", "function": {"name": choice["name"]}}
-    kind = choice.get("type") if isinstance(choice, dict) else choice
-    raise RequestError(
-        f"tool_choice {kind!r} is not supported: send none, auto, required or "
-        '{"type": "function", "name": ...}',
-        param="tool_choice",
-    )
-
-
-def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatRequest:
-    """The chat request a Responses request is served as."""
-    values: dict[str, Any] = {
-        "model": request.model,
-        "messages": chat_messages(request.instructions, items),
-        "stream": request.stream,
-        "max_completion_tokens": request.max_output_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "tools": chat_tools(request.tools),
-        "tool_choice": chat_tool_choice(request.tool_choice),
-        "seed": request.seed,
-        "top_k": request.top_k,
-        "min_tokens": request.min_tokens,
-        "repetition_penalty": request.repetition_penalty,
-        "ignore_eos": request.ignore_eos,
-        "chat_template_kwargs": request.chat_template_kwargs,
-    }
-    if request.parallel_tool_calls is not None:
-        values["parallel_tool_calls"] = request.parallel_tool_calls
-    text_format = request.text.format if request.text else None
-    # A forced call answers with the call alone: there is no text for the format to shape (the
-    # Agents SDK sends both when an agent with an output type must call a tool first).
-    forced = values["tool_choice"] not in (None, "none", "auto")
-    if text_format is not None and text_format.type != "text" and not forced:
-        spec = {"type": text_format.type}
-        if text_format.type == "json_schema":
-            spec["json_schema"] = {  # type: ignore[assignment]
-                "name": text_format.name,
-                "schema": text_format.json_schema,
-                "strict": text_format.strict,
-            }
-        values["response_format"] = spec
-    return to_chat(values, FIELDS)
-
-
-# --- running ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -239,7 +71,7 @@ class ResponsesServing:
         items = parse_items(history, "previous_response_id") + new_items
         chat = chat_request(request, items)
         prepared, plan = await self.core.prepare(chat, size, RESPONSES_LABEL, FIELDS)
-        dumped = [_stored_item(item) for item in new_items]
+        dumped = [stored_item(item) for item in new_items]
         run = ResponseRun(request, prepared, plan, dumped)
         if request.store and self.store.enabled:
             self._store(run, self.response(run, "in_progress", []), [])

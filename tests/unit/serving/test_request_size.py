@@ -18,14 +18,10 @@ from tensorrtllm_backend.packing.demo import BOS, CHAT_TEMPLATE, EOS, PAD, train
 from tensorrtllm_backend.serving.chat.core import ChatCore
 from tensorrtllm_backend.serving.chat.output_format import output_constraint
 from tensorrtllm_backend.serving.chat.tools import plan_tools
-from tensorrtllm_backend.serving.generation import (
-    MAX_CHARS_PER_TOKEN,
-    EngineLimits,
-    Generator,
-    encode_prompt,
-)
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.offload import INLINE_MAX_CHARS, Offloader
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
+from tensorrtllm_backend.serving.prompt_ids import MAX_CHARS_PER_TOKEN, encode_prompt
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.schemas import MAX_GUIDE_CHARS, SamplingParams
 from tensorrtllm_backend.serving.web.endpoints import UnknownFieldLog

@@ -16,15 +16,15 @@ from tensorrtllm_backend.serving.chat.events import (
 )
 from tensorrtllm_backend.serving.chat.reasoning import ReasoningDelta
 from tensorrtllm_backend.serving.request_errors import RequestError
-from tensorrtllm_backend.serving.responses_api.output import OutputBuilder
-from tensorrtllm_backend.serving.responses_api.protocol import ResponsesRequest
-from tensorrtllm_backend.serving.responses_api.serving import (
+from tensorrtllm_backend.serving.responses_api.conversion import (
     chat_messages,
     chat_request,
     chat_tool_choice,
     chat_tools,
     parse_items,
 )
+from tensorrtllm_backend.serving.responses_api.output import OutputBuilder
+from tensorrtllm_backend.serving.responses_api.protocol import ResponsesRequest
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 

@@ -12,7 +12,8 @@ import pytest
 
 from tensorrtllm_backend.common.engine_api import DRAIN_RESPONSES, EngineError
 from tensorrtllm_backend.common.tokenization import StopStringMatcher
-from tensorrtllm_backend.serving.generation import Generator, _Sequence
+from tensorrtllm_backend.serving.generation import Generator
+from tensorrtllm_backend.serving.sequence_state import SequenceState
 from tensorrtllm_backend.triton.client import TritonLLMClient
 
 
@@ -91,10 +92,10 @@ async def test_close_cancels_what_is_still_draining() -> None:
     assert stream.closed_early and not client._finishing
 
 
-def _sequences(generated: list[int]) -> list[_Sequence]:
+def _sequences(generated: list[int]) -> list[SequenceState]:
     sequences = []
     for index, count in enumerate(generated):
-        sequence = _Sequence(index, None, StopStringMatcher([]))  # type: ignore[arg-type]
+        sequence = SequenceState(index, None, StopStringMatcher([]))  # type: ignore[arg-type]
         sequence.generated = count
         sequences.append(sequence)
     return sequences
