@@ -26,7 +26,7 @@ import os
 # grpcio reads GRPC_EXPERIMENTS once, when it loads, and the package's processes load it after
 # this line. Its default client I/O (the EventEngine) costs a Python client ~40 % more CPU per
 # streamed response than its older poller: twice the system time, and a write() on the event
-# loop's thread for every read it starts (docs/performance.md, "Receiving a token"). The service
+# loop's thread for every read it starts (docs/streaming-path.md, "Receiving a token"). The service
 # streams one response per token, so it takes the poller unless the environment chose otherwise.
 os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client")
 

@@ -174,7 +174,7 @@ def freeze_startup_heap() -> None:
     as long as it does. Requests in flight survive young collections, so full collections come
     every few hundred requests, and each walked that whole heap: ~200 ms with every stream
     stalled, ~280 µs of CPU per 1-token request on average. Frozen objects are skipped; a full
-    collection then walks only what requests left (docs/performance.md, "The start-up heap,
+    collection then walks only what requests left (docs/streaming-path.md, "The start-up heap,
     frozen").
     """
     gc.collect()  # start-up's own garbage goes first: frozen objects are never freed

@@ -156,7 +156,7 @@ async def _run_while_connected(
     of the response). One watcher task waits for it, beside the API and off its way to the first
     token. The API runs inline, not in a task of its own: on a busy event loop every task start
     on the way to the first token waits a turn behind the other streams' tokens
-    (docs/performance.md, "Event-loop turns before the first token").
+    (docs/streaming-path.md, "Event-loop turns before the first token").
 
     The API sees ASGI spec 2.4: its `send` raises OSError once the client is gone, so Starlette
     streams in the request's task instead of starting one to listen for the disconnect (this

@@ -3,7 +3,7 @@
 BentoML's `TimeoutMiddleware` answers 504 when an API has not started its response within the
 timeout. It runs the rest of the app in a new task to do so, and on a busy event loop a task
 start waits a turn behind the other streams' tokens: one more wait on every request's way to its
-first token (docs/performance.md, "Event-loop turns before the first token"). This subclass keeps
+first token (docs/streaming-path.md, "Event-loop turns before the first token"). This subclass keeps
 its behaviour (the same 504 and message, the clock stopping at the response's start) with
 `asyncio.timeout` around the app instead, which cancels the request's own task when it fires.
 `run_request_timeout_inline()` puts it where BentoML looks the class up when it builds a worker's

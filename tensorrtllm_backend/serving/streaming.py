@@ -90,7 +90,7 @@ async def coalesce(
 
     The first piece is read in the caller's own task. Starting the reader task and handing the
     piece back would cost two event-loop turns before the first byte, and on a busy loop those
-    turns are a large part of the time to first token (docs/performance.md, "The first piece,
+    turns are a large part of the time to first token (docs/streaming-path.md, "The first piece,
     read inline").
     """
     pump: _Pump[T] | None = None

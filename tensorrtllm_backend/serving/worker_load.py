@@ -14,7 +14,7 @@ that accepts it is the first to call `accept`: one that waits in its event loop,
 with its streams. A worker's generations on connections it is letting go still count in the
 share, but not in what it keeps, so it lets go only what it keeps above its share, not every
 connection it holds. On the GPU host this took four workers' TTFT p50 from +5.5..+10.6 ms over a
-bare gRPC client to +2.0..+4.9 (docs/performance.md, "Workers sharing the load").
+bare gRPC client to +2.0..+4.9 (docs/results/runs/2026-11-27-gpu-host-h200-workers-sharing-the-load.md).
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ method. On the wire it is what tritonclient's ``stream_infer`` sends (metadata, 
 half-close), but gRPC sends all three in one batch as the call starts, where ``stream_infer`` (a
 bidirectional call fed by a request iterator) takes three event-loop turns and a thread hop
 before the request leaves. Under load every turn waits behind the other streams' tokens
-(docs/performance.md, "The Triton call: one unary-stream RPC"). Requests are built with
+(docs/streaming-path.md, "The Triton call: one unary-stream RPC"). Requests are built with
 tritonclient's own ``InferInput``; responses are read as :class:`~.responses.GrpcResult`.
 
 Why gRPC and not Triton's HTTP ``generate_stream``, which costs a Python client about half the
 CPU per streamed response: tritonserver's HTTP frontend hands each response to its HTTP thread
 with a deferred callback that is dropped when that thread falls behind, and under load streams
-then lose tokens, start without a status line or never end (docs/performance.md, "Receiving a
+then lose tokens, start without a status line or never end (docs/streaming-path.md, "Receiving a
 token").
 """
 
