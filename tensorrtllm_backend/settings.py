@@ -38,8 +38,6 @@ STUB_VARIABLES = (
 )
 
 RouteName = Literal["direct", "ensemble", "bls", "llmapi"]
-ToolParserName = Literal["hermes", "llama3_json", "mistral", "none"]
-ReasoningParserName = Literal["deepseek_r1", "qwen3", "none"]
 TCPPort = Field(None, ge=1, le=65535)
 
 
@@ -54,8 +52,10 @@ class Settings(BaseSettings):
     model: str | None = None
     route: RouteName | None = None
     served_model_name: str | None = None
-    tool_parser: ToolParserName | None = None
-    reasoning_parser: ReasoningParserName | None = None
+    # Names in the chat core's registries (serving/chat: tool_parsers.FORMATS,
+    # reasoning.REASONING_FORMATS, or "none"), checked there when the service starts.
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
     # The Responses API's stored responses (per worker): their total size and age.
     responses_store_bytes: int = Field(64 * 1024 * 1024, ge=0)
     responses_store_ttl_s: float = Field(3600.0, ge=0.0)

@@ -29,6 +29,7 @@ from ..triton.readiness import Readiness
 from ..triton.sharing import SharedTriton
 from ..triton.supervisor import ServerState, TritonSupervisor
 from ..triton.watchdog import StallWatchdog
+from .chat.core import check_parser_names
 from .generation import EngineLimits, Generator
 from .metrics import generation_metrics
 from .run_dir import make_run_dir
@@ -87,6 +88,7 @@ class LLMRuntime:
         """`settings`: the service's (settings.py; read from the environment if not given)."""
         self.model_root = Path(model_root)
         self.settings = settings or load_settings()
+        check_parser_names(self.settings.tool_parser, self.settings.reasoning_parser)
         manifest = read_manifest(self.model_root)
         self.workflow = str(manifest.get("workflow", "engine"))
         chosen = Route(self.settings.route) if self.settings.route else None

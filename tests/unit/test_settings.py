@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend.python_models import stub_settings
+from tensorrtllm_backend.serving.chat.core import check_parser_names
 from tensorrtllm_backend.serving.chat.reasoning import REASONING_FORMATS
 from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
 from tensorrtllm_backend.settings import (
     BACKEND_PYTHONPATH_ENV,
     PREFIX,
     STUB_VARIABLES,
-    ReasoningParserName,
     Settings,
-    ToolParserName,
     env_name,
     load_settings,
 )
@@ -44,12 +43,15 @@ def test_the_stubs_read_what_the_settings_list() -> None:
     assert read_in_stubs | {BACKEND_PYTHONPATH_ENV} == set(STUB_VARIABLES)
 
 
-def test_the_tool_parser_names_are_the_parsers() -> None:
-    assert set(ToolParserName.__args__) == {*FORMATS, "none"}
-
-
-def test_the_reasoning_parser_names_are_the_formats() -> None:
-    assert set(ReasoningParserName.__args__) == {*REASONING_FORMATS, "none"}
+def test_the_parser_names_are_the_registries_names() -> None:
+    for name in [*FORMATS, "none", None]:
+        check_parser_names(name, None)
+    for name in [*REASONING_FORMATS, "none", None]:
+        check_parser_names(None, name)
+    with pytest.raises(ValueError, match="TRTLLM_TOOL_PARSER='pythonic'.*hermes.*none"):
+        check_parser_names("pythonic", None)
+    with pytest.raises(ValueError, match="TRTLLM_REASONING_PARSER='r2'.*qwen3"):
+        check_parser_names(None, "r2")
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from ..request_errors import RequestError
 from ..schemas import MAX_RETURN_SEQUENCES, GuidedDecoding, SamplingParams
 from .answer import ChatPlan, ReasoningPlan
 from .output_format import output_constraint
-from .reasoning import reasoning_format
+from .reasoning import REASONING_FORMATS, reasoning_format
 from .reasoning_guides import guide_after_reasoning
 from .request import ChatRequest, SamplingFields
 from .tool_parsers import FORMATS, detect_format
@@ -34,6 +34,17 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's and Anthropic's: a request without one sam
 CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
 # The fields of the engine's length checks: their refusals are OpenAI's context_length_exceeded.
 _CONTEXT_PARAMS = ("prompt", "max_tokens")
+
+
+def check_parser_names(tool_parser: str | None, reasoning_parser: str | None) -> None:
+    """A ValueError naming the choices when a configured parser is not in its registry."""
+    for variable, name, registry in (
+        ("TRTLLM_TOOL_PARSER", tool_parser, FORMATS),
+        ("TRTLLM_REASONING_PARSER", reasoning_parser, REASONING_FORMATS),
+    ):
+        if name is not None and name != "none" and name not in registry:
+            choices = ", ".join([*registry, "none"])
+            raise ValueError(f"{variable}={name!r} is not a known format: use one of {choices}")
 
 
 def named(param: str | None, fields: dict[str, str]) -> str | None:
