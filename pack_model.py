@@ -29,7 +29,7 @@ os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tensorrtllm_backend.common.engine_config import (
-    EngineError,
+    EngineConfigError,
     check_runtime_compatibility,
     runtime_version_for_image,
 )
@@ -436,7 +436,7 @@ def run(args: argparse.Namespace) -> str | None:
         if not explicit_image:
             try:
                 check_runtime_compatibility(pack.engine, runtime)
-            except EngineError as error:
+            except EngineConfigError as error:
                 _warn(f"{error} (checked against the default image {image})")
         return _store_unless_dry_run(pack, describe(pack), args)
 

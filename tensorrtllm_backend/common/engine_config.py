@@ -42,7 +42,7 @@ NGC_TRTLLM_VERSIONS: dict[str, str] = {
 }
 
 
-class EngineError(ValueError):
+class EngineConfigError(ValueError):
     """The engine directory cannot be served; the message says what to fix."""
 
 
@@ -129,8 +129,10 @@ def _int(section: dict[str, Any], key: str, where: str, default: int | None = No
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         if value is None:
-            raise EngineError(f"config.json: {where}.{key} is missing")
-        raise EngineError(f"config.json: {where}.{key} must be a positive integer, got {value!r}")
+            raise EngineConfigError(f"config.json: {where}.{key} is missing")
+        raise EngineConfigError(
+            f"config.json: {where}.{key} must be a positive integer, got {value!r}"
+        )
     return value
 
 
@@ -141,25 +143,25 @@ def _check_rank_files(engine_dir: Path, world_size: int) -> list[str]:
     entries = sorted(engine_dir.glob("*.engine"))
     unreadable = [p.name for p in entries if not p.is_file()]
     if unreadable:
-        raise EngineError(
+        raise EngineConfigError(
             f"{engine_dir}: {unreadable} are not regular files (dangling links or directories): "
             "copy the real engine files there"
         )
     files = [p.name for p in entries]
     if not files:
-        raise EngineError(
+        raise EngineConfigError(
             f"no *.engine files in {engine_dir}: build the engines with trtllm-build first"
         )
     ranks = {int(m.group(1)) for name in files if (m := _RANK_FILE.search(name))}
     missing = sorted(set(range(world_size)) - ranks)
     if missing:
-        raise EngineError(
+        raise EngineConfigError(
             f"{engine_dir} is missing engine files for rank(s) {missing}: world_size = tp_size x "
             f"pp_size = {world_size} needs rank0..rank{world_size - 1}.engine, found {files}"
         )
     extra = sorted(ranks - set(range(world_size)))
     if extra:
-        raise EngineError(
+        raise EngineConfigError(
             f"{engine_dir} has engine files for rank(s) {extra} beyond world_size {world_size} "
             f"(tp_size x pp_size in config.json): the directory mixes builds"
         )
@@ -174,13 +176,13 @@ def _inspect_modern(
     pretrained = data.get("pretrained_config") or {}
     build = data.get("build_config") or {}
     if not isinstance(pretrained, dict) or not isinstance(build, dict):
-        raise EngineError("config.json: pretrained_config and build_config must be objects")
+        raise EngineConfigError("config.json: pretrained_config and build_config must be objects")
     mapping = pretrained.get("mapping") or {}
     tp = _int(mapping, "tp_size", "pretrained_config.mapping", 1)
     pp = _int(mapping, "pp_size", "pretrained_config.mapping", 1)
     declared = mapping.get("world_size")
     if declared is not None and declared != tp * pp:
-        raise EngineError(
+        raise EngineConfigError(
             f"config.json: mapping.world_size is {declared} but tp_size x pp_size = {tp * pp}"
         )
     max_input_len = _int(build, "max_input_len", where)
@@ -228,7 +230,7 @@ def _legacy_as_modern(data: dict[str, Any]) -> dict[str, Any]:
     one reader serves both. Values whose names change are checked under their old names here."""
     builder = data["builder_config"]
     if not isinstance(builder, dict):
-        raise EngineError("config.json: builder_config must be an object")
+        raise EngineConfigError("config.json: builder_config must be an object")
     _int(builder, "max_output_len", "builder_config")  # the sequence length is input + output
     version = builder.get("tensorrt_llm_version") or builder.get("version")
     return {
@@ -250,26 +252,26 @@ def _legacy_as_modern(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def inspect_engine(engine_dir: Path | str) -> EngineInfo:
-    """Read and check an engine directory; raise EngineError naming what is wrong."""
+    """Read and check an engine directory; raise EngineConfigError naming what is wrong."""
     engine_dir = Path(engine_dir)
     data = read_config_json(
         engine_dir,
         "engine directory",
         f"{engine_dir / 'config.json'} is missing: point --engine-dir at the output directory "
         "of trtllm-build",
-        EngineError,
+        EngineConfigError,
     )
     if "builder_config" in data:
         info = _inspect_modern(engine_dir, _legacy_as_modern(data), where="builder_config")
     elif "build_config" in data or "pretrained_config" in data:
         info = _inspect_modern(engine_dir, data)
     else:
-        raise EngineError(
+        raise EngineConfigError(
             f"{engine_dir / 'config.json'} has neither build_config/pretrained_config "
             "(TensorRT-LLM >= 0.9) nor builder_config (older): is this an engine directory?"
         )
     if info.max_seq_len <= info.max_input_len:
-        raise EngineError(
+        raise EngineConfigError(
             f"config.json: max_seq_len ({info.max_seq_len}) must exceed max_input_len "
             f"({info.max_input_len}) to leave room for generated tokens"
         )
@@ -287,7 +289,7 @@ def check_runtime_compatibility(info: EngineInfo, runtime_version: str | None) -
         return
     built, runtime = _major_minor(info.version), _major_minor(runtime_version)
     if built and runtime and built != runtime:
-        raise EngineError(
+        raise EngineConfigError(
             f"the engine was built by TensorRT-LLM {info.version} but the serving image runs "
             f"TensorRT-LLM {runtime_version}: rebuild the engine with {runtime_version} or pick the "
             f"matching tritonserver <tag>-trtllm-python-py3 image (pack_model --target-image)"

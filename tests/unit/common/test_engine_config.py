@@ -11,7 +11,7 @@ import pytest
 from engine_configs import modern_config
 
 from tensorrtllm_backend.common.engine_config import (
-    EngineError,
+    EngineConfigError,
     check_runtime_compatibility,
     inspect_engine,
     runtime_version_for_image,
@@ -106,7 +106,7 @@ def test_legacy_tensor_parallel_needs_every_rank(tmp_path: Path) -> None:
     config = legacy_config()
     config["builder_config"]["tensor_parallel"] = 2
     engine_dir = write_engine(tmp_path, config, ["llama_float16_tp2_rank0.engine"])
-    with pytest.raises(EngineError, match=r"rank\(s\) \[1\]"):
+    with pytest.raises(EngineConfigError, match=r"rank\(s\) \[1\]"):
         inspect_engine(engine_dir)
     (engine_dir / "llama_float16_tp2_rank1.engine").write_bytes(b"\0")
     assert inspect_engine(engine_dir).world_size == 2
@@ -189,7 +189,7 @@ def test_unservable_engine_dirs(tmp_path: Path, setup: str, message: str) -> Non
     elif setup == "bad_limit":
         config["build_config"]["max_input_len"] = 0
         write_engine(engine_dir, config, ranks)
-    with pytest.raises(EngineError, match=message):
+    with pytest.raises(EngineConfigError, match=message):
         inspect_engine(engine_dir)
 
 
@@ -212,7 +212,7 @@ def test_version_mismatch_is_rejected(modern_dir: Path) -> None:
     info = inspect_engine(modern_dir)
     runtime = runtime_version_for_image("nvcr.io/nvidia/tritonserver:24.03-trtllm-python-py3")
     with pytest.raises(
-        EngineError, match=r"built by TensorRT-LLM 0\.12\.0 .* runs TensorRT-LLM 0\.8\.0"
+        EngineConfigError, match=r"built by TensorRT-LLM 0\.12\.0 .* runs TensorRT-LLM 0\.8\.0"
     ):
         check_runtime_compatibility(info, runtime)
 
