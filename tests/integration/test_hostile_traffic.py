@@ -126,6 +126,11 @@ def largest_gap(
     return max(gaps), result
 
 
+# Half the shortest stall the huge requests caused on the event loop (0.5 s), five times the
+# scheduling noise of a loaded 2-core host (up to ~45 ms): a stall fails, noise does not.
+STALL_BOUND_S = 0.25
+
+
 def big_bodies() -> list[tuple[str, bytes, str]]:
     """(path, body, a phrase of the 400's message) of each huge request."""
     return [(path, make(), expect) for path, make, expect in BIG_REQUESTS]
@@ -145,17 +150,18 @@ def send_big_requests(url: str, bodies: list[tuple[str, bytes, str]]) -> None:
 
 
 def test_huge_requests_do_not_stall_a_running_stream(demo_server: BentoServer) -> None:
-    """The largest inter-token gap of a stream grows by less than 50 ms while another client
-    sends a 1 MB tools list, a 2 MB prompt and a 250 KB schema (each refused, after the work
-    its size costs: parsing and rendering the tools, the meta-schema check).
+    """The largest inter-token gap of a stream grows by less than STALL_BOUND_S while another
+    client sends a 1 MB tools list, a 2 MB prompt and a 250 KB schema (each refused, after the
+    work its size costs: parsing and rendering the tools, the meta-schema check).
 
     Each attempt measures the same stream's largest gap with the huge requests, then for as long
     again without them. The development machine has two cores shared with other test runs,
-    where a stray scheduling delay alone can reach 50 ms in either window (25-45 ms gaps without
-    any huge request, with a CPU hog beside the suite): the claim holds when one of five
-    attempts shows it. A loop that stalls on request size fails all five: the stalls this
-    guards against were 0.5-6 s. The bodies are built before the stream starts, so that the
-    test's own JSON encoding is not what it measures."""
+    where a stray scheduling delay alone reached 50 ms in either window (25-45 ms gaps without
+    any huge request, with a CPU hog beside the suite), and a 50 ms bound failed a run (53 ms):
+    the bound sits between that noise and the stalls this guards against (0.5-6 s), and the
+    claim holds when one of five attempts shows it. A loop that stalls on request size fails
+    all five. The bodies are built before the stream starts, so that the test's own JSON
+    encoding is not what it measures."""
     url = demo_server.url
     send_big_requests(url, big_bodies())  # once first: imports and caches warm on both sides
     growths = []
@@ -165,10 +171,10 @@ def test_huge_requests_do_not_stall_a_running_stream(demo_server: BentoServer) -
         loaded, _ = largest_gap(url, None, lambda b=bodies: send_big_requests(url, b))
         quiet, _ = largest_gap(url, time.perf_counter() - started, None)
         growths.append((loaded - quiet, loaded, quiet))
-        if loaded - quiet < 0.050:
+        if loaded - quiet < STALL_BOUND_S:
             break
     growth, loaded, quiet = min(growths)
-    assert growth < 0.050, [
+    assert growth < STALL_BOUND_S, [
         f"largest gap {g[1] * 1000:.0f} ms with the huge requests, {g[2] * 1000:.0f} ms without"
         for g in growths
     ]
@@ -250,14 +256,16 @@ def leave_after(url: str, path: str, body: dict[str, Any], chunks: int, ready: C
 )
 def test_a_client_that_leaves_cancels_its_request(waiting_server, path, body, chunks) -> None:
     """The client leaves while its request waits for the first token (or after a few chunks):
-    the in-flight gauge is back to 0 within 1 s, and the engine counts the request cancelled."""
+    the in-flight gauge is back to 0, and the engine counts the request cancelled. The wait
+    for the gauge allows 10 s, however loaded the host: a request nobody cancelled stays in
+    flight for 28 s (its 3 s first token, then 500 tokens at 50 ms)."""
     server, metrics_port = waiting_server
     before = engine_counters(metrics_port)["trtllm_cpu_engine_cancelled_requests_total"]
     left_at = leave_after(server.url, path, body, chunks, lambda: in_flight(server) >= 1)
-    while in_flight(server) > 0 and time.monotonic() - left_at < 5:
+    while in_flight(server) > 0 and time.monotonic() - left_at < 10:
         time.sleep(0.02)
     gone_after = time.monotonic() - left_at
-    assert in_flight(server) == 0 and gone_after < 1.0, f"in flight for {gone_after:.2f} s"
+    assert in_flight(server) == 0, f"still in flight {gone_after:.2f} s after its client left"
     deadline = time.monotonic() + 5
     cancelled = before
     while cancelled <= before and time.monotonic() < deadline:
@@ -295,9 +303,11 @@ def test_a_server_whose_clients_left_stops_at_once(waiting_server) -> None:
     assert wait_for(lambda: in_flight(server) == 0, 5)
     tritons = server.tritons()
     started = time.monotonic()
-    server.stop(timeout=20)
+    server.stop(timeout=60)
     assert server.process.returncode is not None
-    assert time.monotonic() - started < 20, "bentoml serve did not stop after SIGTERM"
+    # A request still held open would keep its worker until BentoML's 30 s grace ran out.
+    stopped_after = time.monotonic() - started
+    assert stopped_after < 25, f"bentoml serve took {stopped_after:.0f} s to stop after SIGTERM"
     assert psutil.wait_procs(tritons, timeout=10)[1] == []
     log = server.log()
     assert "exited unexpectedly" not in log and "restarting tritonserver" not in log, log[-3000:]

@@ -363,8 +363,9 @@ def test_tritonserver_dies_with_its_sigkilled_owner(echo_repository: Path) -> No
         owner.kill()  # SIGKILL: no handler, no atexit, no on_shutdown
         owner.wait(10)
         assert wait_gone([triton], 10) == [], "tritonserver outlived its SIGKILLed owner"
-        # Orphaned python stubs notice their dead parent on their own (~10 s).
-        assert wait_gone(tree, 20) == [], "python stubs outlived their tritonserver"
+        # Orphaned python stubs notice their dead parent on their own (~10 s); the wait ends as
+        # soon as they are gone, and a stub that never notices stays for good.
+        assert wait_gone(tree, 60) == [], "python stubs outlived their tritonserver"
     finally:
         with contextlib.suppress(ProcessLookupError):
             owner.kill()

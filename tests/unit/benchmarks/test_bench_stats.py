@@ -21,6 +21,7 @@ from benchmarks.bench_stats import (
     percentile,
     summarize,
 )
+from tests.waiting import wait_for_async
 
 CELL = "ITL 0 ms, C=2"
 
@@ -265,14 +266,28 @@ async def test_run_load_keeps_concurrency_and_runs_n_requests() -> None:
     assert sorted(r.tokens for r in records) == [1] * 5 + [2] * 4
 
 
+class HeldRequest(FakeRequest):
+    """A request that ends only once `all_of` requests are in flight together, however long
+    their arrivals take: only a loop that sends without waiting for earlier ends gets there."""
+
+    def __init__(self, all_of: int) -> None:
+        super().__init__(0.0)
+        self.all_of = all_of
+
+    async def __call__(self, prompt: PromptCase) -> RequestRecord:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        assert await wait_for_async(lambda: self.peak == self.all_of, 30, 0.001)
+        return RequestRecord(start=0.0, end=0.0, tokens=len(prompt.text))
+
+
 async def test_run_open_loop_does_not_wait_for_requests_to_end() -> None:
     from benchmarks.bench_clients import run_open_loop
 
-    slow = FakeRequest(0.05)  # far longer than the mean gap between arrivals (1 ms)
-    records, wall = await run_open_loop(slow, PROMPTS, n=20, rate=1000.0, seed=3)
+    held = HeldRequest(20)  # a closed loop would wait for the first to end: it never would
+    records, wall = await run_open_loop(held, PROMPTS, n=20, rate=1000.0, seed=3)
     assert len(records) == 20 and sorted(r.tokens for r in records) == [1] * 10 + [2] * 10
-    assert slow.peak > 5  # a closed loop of any concurrency below 6 could not reach this
-    assert wall >= 0.05
+    assert held.peak == 20 and wall > 0
 
 
 async def test_sse_events_are_split_from_raw_bytes_across_chunks() -> None:

@@ -45,16 +45,27 @@ def test_n_sequences_each_complete_with_seed_plus_index(make_scheduler):
 
 
 def test_sequences_take_batch_slots_and_queue(make_scheduler):
+    # 5 s of tokens each: the first two hold their slots while this test looks, however slow
+    # this machine is; each ends when its client leaves.
     scheduler = make_scheduler(max_batch_size=2, itl_ms=5)
-    pairs = make_sequences(PROMPT, 20, 3, streaming=True)
+    pairs = make_sequences(PROMPT, 1000, 3, streaming=True)
     for req, _ in pairs:
         scheduler.submit(req)
-    assert pairs[0][1].first_token.wait(2) and pairs[1][1].first_token.wait(2)
+    (_, first_sink), (_, second_sink), (third, third_sink) = pairs
+    assert first_sink.first_token.wait(2) and second_sink.first_token.wait(2)
     stats = scheduler.stats()
     assert (stats.active, stats.queued) == (2, 1)  # each sequence is its own batch entry
+    assert third.generated == []
+    first_sink.cancelled = second_sink.cancelled = True
+    assert first_sink.done.wait(5) and second_sink.done.wait(5)
+    assert third_sink.first_token.wait(5)  # a slot came free: the queued sequence runs
+    stats = scheduler.stats()
+    assert (stats.active, stats.queued) == (1, 0)
+    third_sink.cancelled = True
     for req, sink in pairs:
         assert sink.done.wait(5)
-        assert len(req.generated) == 20
+        assert sink.reason is FinishReason.CANCELLED
+        assert sink.streamed() == req.generated and 0 < len(req.generated) < 1000
 
 
 def test_cancel_by_request_id_drops_all_sequences(make_scheduler):
