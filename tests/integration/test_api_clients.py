@@ -398,3 +398,101 @@ def test_errors_are_anthropics(claude: anthropic.Anthropic) -> None:
             model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "x"}],
             tools=[{"type": "web_search_20250305", "name": "web_search"}],
         )  # fmt: skip
+
+
+# --- every API: the whole answer is its stream, concatenated -------------------------------------
+# Each API renders the chat core's one answer-event stream; a whole answer is the same events
+# collected. Same request and seed, streamed and not: same text, tool calls, usage and finish.
+
+CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+SEEDED = {"seed": 11, "temperature": 1.0}
+
+
+def test_chat_completions_whole_equals_stream(client: openai.OpenAI) -> None:
+    for extra in ({}, {"tools": [CHAT_TOOL], "tool_choice": "required"}):
+        fields = {
+            "model": MODEL, "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+            "max_tokens": 128, **SEEDED, **extra,
+        }  # fmt: skip
+        whole = client.chat.completions.create(**fields)
+        chunks = list(
+            client.chat.completions.create(
+                **fields, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        content, calls, finish = "", {}, None
+        for chunk in chunks:
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for call in choice.delta.tool_calls or ():
+                    entry = calls.setdefault(call.index, ["", ""])
+                    entry[0] += call.function.name or ""
+                    entry[1] += call.function.arguments or ""
+                finish = choice.finish_reason or finish
+        (choice,) = whole.choices
+        assert content == (choice.message.content or "")
+        assert list(calls.values()) == [
+            [call.function.name, call.function.arguments]
+            for call in choice.message.tool_calls or ()
+        ]
+        assert finish == choice.finish_reason
+        assert chunks[-1].usage == whole.usage
+        if extra:
+            assert calls, "a forced call streams its call"
+
+
+def test_completions_whole_equals_stream(client: openai.OpenAI) -> None:
+    fields = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 16, **SEEDED}
+    whole = client.completions.create(**fields)
+    chunks = list(
+        client.completions.create(**fields, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(choice.text for chunk in chunks for choice in chunk.choices)
+    finish = [choice.finish_reason for chunk in chunks for choice in chunk.choices]
+    assert text == whole.choices[0].text
+    assert [f for f in finish if f] == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage == whole.usage
+
+
+def test_responses_whole_equals_stream(client: openai.OpenAI) -> None:
+    for extra in ({}, ONE_CALL):
+        fields = {
+            "model": MODEL, "input": "Weather in Oslo?", "max_output_tokens": 128,
+            "temperature": 1.0, "store": False, "extra_body": {"seed": 11}, **extra,
+        }  # fmt: skip
+        whole = client.responses.create(**fields)
+        events = list(client.responses.create(**fields, stream=True))
+        streamed = events[-1].response
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        arguments = "".join(
+            e.delta for e in events if e.type == "response.function_call_arguments.delta"
+        )
+        assert text == whole.output_text == streamed.output_text
+        whole_calls = [(i.name, i.arguments) for i in whole.output if i.type == "function_call"]
+        assert whole_calls == [
+            (i.name, i.arguments) for i in streamed.output if i.type == "function_call"
+        ]
+        assert arguments == "".join(arguments for _, arguments in whole_calls)
+        assert streamed.status == whole.status
+        assert streamed.usage == whole.usage
+
+
+def test_messages_whole_equals_stream(claude: anthropic.Anthropic) -> None:
+    for extra in ({}, {"tools": [CLAUDE_TOOL], "tool_choice": {"type": "any"}}):
+        fields = {
+            "model": MODEL, "max_tokens": 128, "extra_body": {"temperature": 0.0},
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}], **extra,
+        }  # fmt: skip
+        whole = claude.messages.create(**fields)
+        with claude.messages.stream(**fields) as stream:
+            text = "".join(stream.text_stream)
+            streamed = stream.get_final_message()
+        assert text == "".join(b.text for b in whole.content if b.type == "text")
+        assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [
+            b.model_dump(exclude={"id"}) for b in whole.content
+        ]
+        assert (streamed.stop_reason, streamed.stop_sequence) == (
+            whole.stop_reason,
+            whole.stop_sequence,
+        )
+        assert streamed.usage == whole.usage
