@@ -59,6 +59,13 @@ from benchmarks.bench_workload import add_reference_texts, build_prompts
 from tensorrtllm_backend.triton.command import find_free_port
 
 REFERENCES = ("grpc_ensemble", "grpc_direct")
+SERVICE_APIS = ("native", "openai")
+
+
+def target_name(side: str, api: str) -> str:
+    """A side's target for one API: the side's name for the native API (as before there were
+    several), `side/api` for the others."""
+    return side if api == "native" else f"{side}/{api}"
 
 
 @dataclass
@@ -146,8 +153,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="an environment variable of the candidate's service (repeatable)",
     )
+    parser.add_argument(
+        "--apis",
+        default="native",
+        help="the service's streaming APIs measured on each side, comma-separated: native "
+        "(/generate), openai (/v1/completions); each is a target of its own",
+    )
     parser.add_argument("--json", type=Path, help="result file (default benchmarks/results/...)")
     args = parser.parse_args(argv)
+    args.apis = [api.strip() for api in args.apis.split(",") if api.strip()]
+    unknown = set(args.apis) - set(SERVICE_APIS)
+    if unknown or not args.apis:
+        parser.error(f"--apis: choose among {', '.join(SERVICE_APIS)}")
     for name in ("base_env", "candidate_env"):
         pairs = [item.partition("=") for item in getattr(args, name)]
         if any(not key or not sep for key, sep, _ in pairs):
@@ -271,9 +288,15 @@ def report(rounds: Rounds, sides: Sequence[Side]) -> str:
                 f"{s.errors}/{s.short + s.mismatched}"
             )
     lines.append("")
-    lines.append("pair                           tok/s ratio median (min..max)   TTFT p50 delta ms")
-    names = [side.name for side in sides]
-    pairs = [("candidate", "base"), *((n, ref) for n in names for ref in REFERENCES)]
+    lines.append(
+        "pair                                 tok/s ratio median (min..max)   TTFT p50 delta ms"
+    )
+    apis = sorted({target.partition("/")[2] or "native" for target in rounds.results})
+    pairs = []
+    for api in apis:
+        names = [target_name(side.name, api) for side in sides]
+        pairs += [(target_name("candidate", api), target_name("base", api))]
+        pairs += [(n, ref) for n in names for ref in REFERENCES]
     for target, reference in pairs:
         if target not in rounds.results or reference not in rounds.results:
             continue
@@ -281,7 +304,7 @@ def report(rounds: Rounds, sides: Sequence[Side]) -> str:
         deltas = (
             f"{statistics.median(ttft):+.1f} ({min(ttft):+.1f}..{max(ttft):+.1f})" if ttft else "-"
         )
-        lines.append(f"  {target + ' / ' + reference:<29}{spread(rate):<32}{deltas}")
+        lines.append(f"  {target + ' / ' + reference:<35}{spread(rate):<32}{deltas}")
     for side in sides:
         env = " ".join(f"{key}={value}" for key, value in side.env.items())
         lines.append(f"{side.name}: {side.ref}" + (f" ({env})" if env else ""))
@@ -308,9 +331,13 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
         ("grpc_direct", direct, None),
     ]
     for side in sides:
-        assert side.service is not None
-        url = f"{side.service.url}/generate"
-        targets.append((side.name, bench_clients.TextStream(http, url, args.max_tokens), side))
+        assert side.service is not None and side.model is not None
+        model = side.model.tag.split(":")[0]
+        for api in args.apis:
+            request = bench_clients.service_request(
+                api, http, side.service.url, model, args.max_tokens
+            )
+            targets.append((target_name(side.name, api), request, side))
     try:
         for index in range(args.rounds):
             order = targets if index % 2 == 0 else list(reversed(targets))
@@ -319,7 +346,7 @@ async def run(args: argparse.Namespace, sides: list[Side], reference: Side) -> R
                 rounds.add(target, measured)
                 s = measured.summary
                 print(
-                    f"round {index + 1} {target:<14} {s.tokens_per_s:7.0f} tok/s  "
+                    f"round {index + 1} {target:<16} {s.tokens_per_s:7.0f} tok/s  "
                     f"TTFT p50 {format_number(s.ttft_ms.p50)} ms  errors {s.errors}",
                     flush=True,
                 )

@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from benchmarks.ab import checkout, parse_args, released_connections
+from benchmarks.ab import Measured, Rounds, checkout, parse_args, released_connections, report
 from benchmarks.bench_procs import ROOT
+from benchmarks.bench_stats import summarize
 from tensorrtllm_backend.triton.command import find_free_port
 
 
@@ -44,6 +45,23 @@ def test_a_ref_is_a_worktree_removed_afterwards(tmp_path: Path) -> None:
 def test_workers_and_environments_are_parsed() -> None:
     args = parse_args(["--base", "HEAD", "--workers", "4", "--base-env", "A=1"])
     assert args.workers == 4 and args.base_env == {"A": "1"} and args.candidate_env == {}
+
+
+def test_each_api_is_a_target_of_each_side_compared_with_its_own() -> None:
+    assert parse_args(["--base", "HEAD"]).apis == ["native"]
+    assert parse_args(["--base", "HEAD", "--apis", "native, openai"]).apis == ["native", "openai"]
+    with pytest.raises(SystemExit):
+        parse_args(["--base", "HEAD", "--apis", "grpc"])
+    rounds = Rounds()
+    for target, rate in [
+        ("base", 100.0), ("candidate", 99.0), ("base/openai", 80.0), ("candidate/openai", 84.0),
+    ]:  # fmt: skip
+        summary = summarize(target, "ab", 1, [], 1.0)
+        summary.tokens_per_s = rate
+        rounds.add(target, Measured(summary))
+    table = report(rounds, [])
+    assert "candidate / base " in table and "0.990 (0.990..0.990)" in table
+    assert "candidate/openai / base/openai" in table and "1.050 (1.050..1.050)" in table
 
 
 async def test_released_connections_add_up_every_worker_and_reason() -> None:
