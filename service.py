@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse
 from tensorrtllm_backend.serving.api_surface import root_app, v1_routes
 from tensorrtllm_backend.serving.apis import NATIVE_LABEL
 from tensorrtllm_backend.serving.chat.core import ChatCore
+from tensorrtllm_backend.serving.chat.stream import answer_steps, collect
 from tensorrtllm_backend.serving.deployment import (
     end_serving,
     freeze_startup_heap,
@@ -42,6 +43,7 @@ from tensorrtllm_backend.serving.errors import (
 from tensorrtllm_backend.serving.generation import PreparedRequest
 from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
+from tensorrtllm_backend.serving.native_api.render import native_response
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.parent_watch import follow_parent, on_stop_signal
 from tensorrtllm_backend.serving.request_errors import RequestError
@@ -175,14 +177,14 @@ class TRTLLM:
         """The whole completion of `prompt` at once, with token counts and finish reason."""
         try:
             prepared = await self._admit(fields)
-            result = await self.runtime.generator.collect(prepared)
+            generator = self.runtime.generator
+            answer = await collect(prepared, answer_steps(generator, prepared))
         except Exception as error:
             response: JSONResponse = error_response(error, "/generate_text")
             return response  # type: ignore[return-value]
         # Absent optional fields are omitted, not null: BentoML's client decodes by the schema.
-        generator = self.runtime.generator
         response = await generator.offloader.run(
-            result.render_size, result.to_response, generator.token_strings
+            answer.render_size, native_response, prepared, answer, generator.token_strings
         )
         body = response.model_dump(mode="json", exclude_none=True)
         return JSONResponse(body)  # type: ignore[return-value]

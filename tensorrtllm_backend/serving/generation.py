@@ -1,8 +1,9 @@
-"""The one request path every API shares: validate → Triton stream → text chunks → result.
+"""The one request path every API shares: validate → Triton stream → text chunks.
 
-Native streaming, native JSON and the OpenAI adapters all call :meth:`Generator.admit` (which
-prepares the request, off the event loop when it is large, and compiles its guide) and
-:meth:`Generator.stream`; a non-streaming answer is the stream collected by :meth:`collect`.
+Every API calls :meth:`Generator.admit` (which prepares the request, off the event loop when it
+is large, and compiles its guide) and reads :meth:`Generator.stream`: the native `/generate` as
+it is, every other API through the chat core's answer steps (:mod:`.chat.stream`), whose
+collection is every whole answer.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ from .prompt_ids import MAX_CHARS_PER_TOKEN, encode_prompt
 from .request_errors import RequestError
 from .schemas import (
     GenerationChunk,
-    GenerationResult,
     SamplingParams,
-    SequenceResult,
 )
 from .sequence_state import SequenceState
 from .token_strings import TokenStrings
@@ -402,35 +401,3 @@ class Generator:
             lora = LoraTensors(adapter.task_id, weights, config, adapter.name, str(adapter.path))
         tensors, outputs = self.path.inputs(request, lora)
         return tensors, list(outputs)
-
-    async def collect(self, request: PreparedRequest) -> GenerationResult:
-        """The non-streaming answer: the same stream, gathered per sequence."""
-        want_log_probs = request.params.return_log_probs
-        want_top = bool(request.params.top_log_probs)
-        sequences = [
-            SequenceResult(
-                index,
-                log_probs=[] if want_log_probs else None,
-                log_prob_token_ids=[] if want_log_probs else None,
-                top_log_probs=[] if want_top else None,
-            )
-            for index in range(request.params.num_return_sequences)
-        ]
-        texts: list[list[str]] = [[] for _ in sequences]
-        cached = 0
-        async with aclosing(self.stream(request)) as chunks:
-            async for chunk in chunks:
-                sequence = sequences[chunk.index]
-                texts[chunk.index].append(chunk.text)
-                sequence.completion_tokens += chunk.token_count
-                if sequence.log_probs is not None and chunk.log_probs:
-                    sequence.log_probs.extend(chunk.log_probs)
-                    sequence.log_prob_token_ids.extend(chunk.token_ids)  # type: ignore[union-attr]
-                if sequence.top_log_probs is not None and chunk.top_log_probs:
-                    sequence.top_log_probs.extend(chunk.top_log_probs)
-                if chunk.finish_reason is not None:
-                    sequence.finish_reason = chunk.finish_reason
-                    cached = chunk.cached_tokens
-        for sequence, text in zip(sequences, texts, strict=True):
-            sequence.text = "".join(text)
-        return GenerationResult(len(request.prompt_ids), sequences, cached)

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.common.lora import LORAS, LoraRegistry
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
+from tensorrtllm_backend.serving.chat.stream import answer_steps, collect
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.schemas import SamplingParams
 from tensorrtllm_backend.serving.triton_paths import Route
@@ -179,8 +180,9 @@ async def test_weights_on_first_use_and_again_after_eviction(
     params = SamplingParams(max_tokens=3, ignore_eos=True)
 
     async def run(adapter: str | None) -> int:
-        result = await gen.collect(gen.prepare("Once upon a time", params, lora=adapter))
-        return result.completion_tokens
+        prepared = gen.prepare("Once upon a time", params, lora=adapter)
+        answer = await collect(prepared, answer_steps(gen, prepared))
+        return answer.usage.completion_tokens
 
     # sql: first use with weights; then the id alone; chat evicts sql (the cache holds one);
     # sql again: id alone -> "not found" -> sent again with its weights; the base model: no LoRA.

@@ -96,7 +96,7 @@ def test_a_forbidden_import_is_found(where: str, line: str) -> None:
 # Inside the BentoML worker: each API is a package of its own (protocol + renderer) over the chat
 # core; the core and the HTTP plumbing every API shares know none of them.
 SERVING = PACKAGE / "serving"
-API_PACKAGES = frozenset({"openai_api", "responses_api", "anthropic_api", "vllm_api"})
+API_PACKAGES = frozenset({"native_api", "openai_api", "responses_api", "anthropic_api", "vllm_api"})
 NEUTRAL_PACKAGES = frozenset({"chat", "web"})
 
 

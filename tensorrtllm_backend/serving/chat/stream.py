@@ -14,7 +14,7 @@ needs it (reasoning, tool calls) or the caller asked for content events.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -25,38 +25,36 @@ from .events import AnswerEvent, ContentDelta
 from .usage import TokenCount
 
 
-@dataclass(slots=True)
 class AnswerStep:
-    """What one step of a generation added to sequence `index`'s answer."""
+    """What one step of a generation added to sequence `index`'s answer.
 
-    index: int
-    text: str = ""  # the text that became final
-    events: list[AnswerEvent] = field(default_factory=list)  # the text, read
-    token_ids: list[int] = field(default_factory=list)  # the tokens behind the text
-    log_probs: list[float] = field(default_factory=list)  # theirs, when asked for
-    top_log_probs: list[TopLogProbs] = field(default_factory=list)
-    token_count: int = 0  # tokens generated in the step
-    finish_reason: FinishReason | None = None  # on the sequence's last step
-    stop: str | None = None  # the stop string it ended at (last step)
-    cached_tokens: int = 0  # prompt tokens found in the engine's KV cache (last step)
+    A plain class with slots and literal defaults: one is made per token."""
 
+    __slots__ = (
+        "index", "text", "events", "token_ids", "log_probs", "top_log_probs", "token_count",
+        "finish_reason", "stop", "cached_tokens",
+    )  # fmt: skip
 
-class _Reading:
-    """How each sequence's text becomes events: the plan's reader, content as it is, or not at
-    all (completions)."""
-
-    __slots__ = ("readers", "content")
-
-    def __init__(self, plan: ChatPlan | None, sequences: int) -> None:
-        self.readers: list[AnswerReader] | None = None
-        if plan is not None and plan.reads_text:
-            self.readers = [plan.reader() for _ in range(sequences)]
-        self.content = plan is not None
-
-    def read(self, index: int, text: str, final: bool) -> list[AnswerEvent]:
-        if self.readers is not None:
-            return self.readers[index].feed(text, final)
-        return [ContentDelta(text)] if self.content and text else []
+    def __init__(
+        self,
+        index: int,
+        text: str = "",
+        events: Sequence[AnswerEvent] = (),
+        *,
+        finish_reason: FinishReason | None = None,
+        stop: str | None = None,
+        cached_tokens: int = 0,
+    ) -> None:
+        self.index = index
+        self.text = text  # the text that became final
+        self.events = events  # the text, read
+        self.token_ids: list[int] = []  # the tokens behind the text
+        self.log_probs: list[float] = []  # theirs, when asked for
+        self.top_log_probs: list[TopLogProbs] = []
+        self.token_count = 0  # tokens generated in the step
+        self.finish_reason = finish_reason  # on the sequence's last step
+        self.stop = stop  # the stop string it ended at (last step)
+        self.cached_tokens = cached_tokens  # prompt tokens found in the KV cache (last step)
 
 
 async def answer_steps(
@@ -74,7 +72,16 @@ async def answer_steps(
     CANCELLED.
     """
     count = prepared.params.num_return_sequences
-    reading = _Reading(plan, count)
+    readers: list[AnswerReader] | None = None
+    if plan is not None and plan.reads_text:
+        readers = [plan.reader() for _ in range(count)]
+    content = plan is not None  # read into events; without a reader, the text is all content
+
+    def read(index: int, text: str, final: bool) -> Sequence[AnswerEvent]:
+        if readers is not None:
+            return readers[index].feed(text, final)
+        return (ContentDelta(text),) if text else ()
+
     pending = [AnswerStep(index) for index in range(count)]
     open_sequences = set(range(count))
     async with aclosing(generator.stream(prepared)) as chunks:
@@ -92,13 +99,16 @@ async def answer_steps(
                 step.text = chunk.text
                 for index in sorted(open_sequences):
                     step = pending[index]
-                    step.events = reading.read(index, step.text, True)
+                    if content:
+                        step.events = read(index, step.text, True)
                     step.finish_reason = FinishReason.CANCELLED
                     yield step
                 return
-            if chunk.text or final:
-                step.text = chunk.text
-                step.events = reading.read(index, chunk.text, final)
+            text = chunk.text
+            if text or final:
+                step.text = text
+                if content:
+                    step.events = read(index, text, final)
                 if final:
                     step.finish_reason, step.stop = chunk.finish_reason, chunk.stop
                     step.cached_tokens = chunk.cached_tokens
@@ -119,6 +129,7 @@ class SequenceAnswer:
     top_log_probs: list[TopLogProbs] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop: str | None = None
+    token_count: int = 0  # tokens generated
 
     @property
     def text(self) -> str:
@@ -134,6 +145,7 @@ class SequenceAnswer:
         self.token_ids += step.token_ids
         self.log_probs += step.log_probs
         self.top_log_probs += step.top_log_probs
+        self.token_count += step.token_count
         if step.finish_reason is not None:
             self.finish_reason, self.stop = step.finish_reason, step.stop
 

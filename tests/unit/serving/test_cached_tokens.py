@@ -19,6 +19,7 @@ from triton_results import result
 from tensorrtllm_backend.common.engine_api import EngineResult
 from tensorrtllm_backend.common.engine_config import EngineInfo
 from tensorrtllm_backend.serving.chat.core import ChatCore
+from tensorrtllm_backend.serving.chat.stream import answer_steps, collect
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
@@ -102,7 +103,9 @@ async def test_every_api_reports_the_cached_tokens(
     limits = EngineLimits(256, 512, tokens_per_block=per_block)
     generator = Generator(engine, demo_tokenizer, limits)
     prepared = generator.prepare("Once upon", SamplingParams(max_tokens=2))
-    assert (await generator.collect(prepared)).cached_tokens == cached
+    assert (
+        await collect(prepared, answer_steps(generator, prepared))
+    ).usage.cached_tokens == cached
     serving = OpenAIServing(ChatCore(generator, "demo"))
     request = ChatCompletionRequest.model_validate(
         {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -11,13 +11,14 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from tensorrtllm_backend.packing.demo import BOS, EOS, PAD, train_tokenizer
-from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+from tensorrtllm_backend.serving.chat.stream import SequenceAnswer, WholeAnswer
+from tensorrtllm_backend.serving.chat.usage import TokenCount
+from tensorrtllm_backend.serving.generation import EngineLimits, Generator, PreparedRequest
+from tensorrtllm_backend.serving.native_api.render import native_response
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.schemas import (
     FinishReason,
-    GenerationResult,
     SamplingParams,
-    SequenceResult,
 )
 from tensorrtllm_backend.serving.translation import engine_stop_words
 from tensorrtllm_backend.serving.triton_paths import Route
@@ -87,17 +88,29 @@ def strings(ids: list[int]) -> list[str]:
     return [f"<{i}>" for i in ids]
 
 
+def whole(
+    sequences: list[SequenceAnswer], log_probs: bool = False, top: int = 0
+) -> tuple[PreparedRequest, WholeAnswer]:
+    params = SamplingParams(return_log_probs=log_probs, top_log_probs=top)
+    usage = TokenCount(3, sum(sequence.token_count for sequence in sequences))
+    return PreparedRequest("r", "p", params, [1, 2, 3]), WholeAnswer(sequences, usage)
+
+
+def sequence(index: int, text: str, tokens: int, finish: FinishReason, **fields) -> SequenceAnswer:
+    return SequenceAnswer(index, [text], finish_reason=finish, token_count=tokens, **fields)
+
+
 def test_result_response_lists_sequences_only_when_several() -> None:
-    one = GenerationResult(3, [SequenceResult(0, "a", 2, FinishReason.LENGTH)])
-    assert one.to_response(strings).sequences is None
-    several = GenerationResult(
-        3,
+    one = native_response(*whole([sequence(0, "a", 2, FinishReason.LENGTH)]), strings)
+    assert one.sequences is None and one.log_probs is None and one.cum_log_prob is None
+    several = whole(
         [
-            SequenceResult(0, "a", 2, FinishReason.LENGTH, [-0.5, -0.25], [5, 6]),
-            SequenceResult(1, "b", 1, FinishReason.STOP, [-1.0], [7]),
+            sequence(0, "a", 2, FinishReason.LENGTH, log_probs=[-0.5, -0.25], token_ids=[5, 6]),
+            sequence(1, "b", 1, FinishReason.STOP, log_probs=[-1.0], token_ids=[7]),
         ],
+        log_probs=True,
     )
-    response = several.to_response(strings)
+    response = native_response(*several, strings)
     assert response.text == "a" and response.finish_reason is FinishReason.LENGTH
     assert response.usage.completion_tokens == 3 and response.usage.total_tokens == 6
     assert response.cum_log_prob == -0.75
@@ -142,8 +155,16 @@ async def test_stop_words_reach_the_engine_on_every_route(tokenizer) -> None:
 
 def test_result_response_names_the_alternatives() -> None:
     top = [([5, 9], [-0.5, -1.5]), ([6, 2], [-0.25, -9999.0])]
-    sequence = SequenceResult(0, "ab", 2, FinishReason.LENGTH, [-0.5, -0.25], [5, 6], top)
-    response = GenerationResult(3, [sequence]).to_response(strings)
+    one = sequence(
+        0,
+        "ab",
+        2,
+        FinishReason.LENGTH,
+        log_probs=[-0.5, -0.25],
+        token_ids=[5, 6],
+        top_log_probs=top,
+    )
+    response = native_response(*whole([one], log_probs=True, top=2), strings)
     assert [[(t.token_id, t.token, t.log_prob) for t in row] for row in response.top_log_probs] == [
         [(5, "<5>", -0.5), (9, "<9>", -1.5)],
         [(6, "<6>", -0.25), (2, "<2>", -9999.0)],

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from tensorrtllm_backend.serving.chat.answer import AnswerReader, ChatPlan
+from tensorrtllm_backend.serving.chat.core import check_parser_names
 from tensorrtllm_backend.serving.chat.output_format import choice_guide, output_constraint
 from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
 from tensorrtllm_backend.serving.chat.tools import (
@@ -229,5 +230,6 @@ def test_tool_parser_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRTLLM_TOOL_PARSER", "llama3_json")
     assert load_settings().tool_parser == "llama3_json"
     monkeypatch.setenv("TRTLLM_TOOL_PARSER", "qwen-ish")
+    settings = load_settings()  # the registry checks the name when the service starts
     with pytest.raises(ValueError, match="hermes"):
-        load_settings()
+        check_parser_names(settings.tool_parser, settings.reasoning_parser)
