@@ -44,7 +44,9 @@ from tensorrtllm_backend.packing.engine_packing import (
 )
 from tensorrtllm_backend.settings import load_settings
 
-DEFAULT_NAMES = {"demo": "trtllm-demo", "synthetic": "trtllm-synthetic"}
+DEFAULT_NAMES = {
+    "demo": "trtllm-demo", "synthetic": "trtllm-synthetic", "scripted": "trtllm-scripted"
+}  # fmt: skip
 LLMAPI_DEMO_NAMES = {"demo": "trtllm-llmapi-demo", "synthetic": "trtllm-llmapi-synthetic"}
 CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
 
@@ -96,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument("--demo", action="store_true", help="generate and pack the tiny demo model")
     source.add_argument("--synthetic", action="store_true", help="synthetic CPU engine (no torch)")
+    source.add_argument(
+        "--scripted",
+        action="store_true",
+        help="scripted CPU engine: plays tool calls a user turn asks for (CALL <tool> <json>) "
+        "and quotes tool results, through the demo chat template (tests of agent clients)",
+    )
 
     parser.add_argument(
         "--tokenizer-dir", type=Path, help="tokenizer (default: the checkpoint's own)"
@@ -257,7 +265,7 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
         source = "hf"
     else:
         checkpoint = None
-        source = "synthetic"
+        source = "scripted" if args.scripted else "synthetic"
     tokenizer_dir = args.tokenizer_dir or checkpoint
     if tokenizer_dir is None:
         # The synthetic engine emits ids only; the demo tokenizer turns them into text.
@@ -279,6 +287,12 @@ def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, st
             eos_token_id=int(tokenizer.eos_token_id),
             architecture=(config.get("architectures") or ["CausalLM"])[0],
             device=args.device, **limits,
+        )  # fmt: skip
+    elif source == "scripted":
+        write_engine_dir(
+            engine_dir, mode="scripted", checkpoint_dir=tokenizer_dir, vocab_size=len(tokenizer),
+            eos_token_id=int(tokenizer.eos_token_id), ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            **limits,
         )  # fmt: skip
     else:
         write_engine_dir(
@@ -306,6 +320,8 @@ def describe(pack: PackPlan) -> str:
 
 
 def _check_workflow(args: argparse.Namespace) -> None:
+    if args.workflow == "llmapi" and args.scripted:
+        raise PackError("--scripted is a CPU engine of the engine workflow: leave out --workflow")
     if args.workflow == "llmapi":
         if args.checkpoint is None and not args.demo and not args.synthetic:
             raise PackError("--workflow llmapi packs --checkpoint DIR (or --demo, --synthetic)")

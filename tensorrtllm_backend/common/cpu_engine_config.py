@@ -53,10 +53,12 @@ class BuildConfig(BaseModel):
 
 
 class CpuEngineSection(BaseModel):
-    """How the stand-in produces tokens: a real HF checkpoint or a deterministic synthetic stream."""
+    """How the stand-in produces tokens: a real HF checkpoint, a deterministic synthetic stream,
+    or a script played through the packed chat template's tool-call format (for agent clients)."""
 
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["hf", "synthetic"]
+    mode: Literal["hf", "synthetic", "scripted"]
+    # hf: the checkpoint; scripted: the tokenizer it reads the conversation and writes with.
     checkpoint_dir: str | None = None
     ttft_ms: float = Field(default=0.0, ge=0)
     itl_ms: float = Field(default=0.0, ge=0)
@@ -67,8 +69,8 @@ class CpuEngineSection(BaseModel):
 
     @model_validator(mode="after")
     def _hf_needs_checkpoint(self) -> CpuEngineSection:
-        if self.mode == "hf" and not self.checkpoint_dir:
-            raise ValueError("cpu_engine.mode 'hf' needs cpu_engine.checkpoint_dir")
+        if self.mode in ("hf", "scripted") and not self.checkpoint_dir:
+            raise ValueError(f"cpu_engine.mode {self.mode!r} needs cpu_engine.checkpoint_dir")
         return self
 
 
@@ -128,7 +130,7 @@ def link_or_copy_tree(src: Path, dst: Path) -> Path:
 def write_engine_dir(
     out_dir: str | os.PathLike[str],
     *,
-    mode: Literal["hf", "synthetic"],
+    mode: Literal["hf", "synthetic", "scripted"],
     vocab_size: int,
     eos_token_id: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -146,13 +148,14 @@ def write_engine_dir(
     device: Literal["auto", "cpu", "cuda"] = "auto",
 ) -> Path:
     """Write a CPU engine dir. In hf mode with pack_checkpoint the checkpoint is linked/copied
-    into <out_dir>/checkpoint so the engine dir is self-contained and relocatable."""
+    into <out_dir>/checkpoint so the engine dir is self-contained and relocatable; in scripted
+    mode `checkpoint_dir` is the tokenizer, packed the same way."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt: str | None = None
-    if mode == "hf":
+    if mode in ("hf", "scripted"):
         if checkpoint_dir is None:
-            raise ValueError("hf mode needs checkpoint_dir")
+            raise ValueError(f"{mode} mode needs checkpoint_dir")
         if pack_checkpoint:
             link_or_copy_tree(Path(checkpoint_dir), out / CHECKPOINT_SUBDIR)
             ckpt = CHECKPOINT_SUBDIR

@@ -12,8 +12,18 @@ from .scheduler import Backend
 
 
 def make_backend(config: EngineConfig) -> Backend:
-    """The synthetic or hf backend a CPU engine dir describes."""
+    """The synthetic, scripted or hf backend a CPU engine dir describes."""
     section = config.cpu_engine
+    if section.mode == "scripted":
+        from .scripted import ScriptedBackend
+
+        return ScriptedBackend(
+            tokenizer_dir=config.checkpoint_path(),
+            vocab_size=config.pretrained_config.vocab_size,
+            eos_token_id=section.eos_token_id,
+            ttft_ms=section.ttft_ms,
+            itl_ms=section.itl_ms,
+        )
     if section.mode == "synthetic":
         from .synthetic import SyntheticBackend
 
