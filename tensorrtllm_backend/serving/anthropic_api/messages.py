@@ -13,143 +13,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...common.engine_api import EngineError
 from ..apis import MESSAGES_LABEL
 from ..chat.answer import ChatPlan
 from ..chat.core import ChatCore
-from ..chat.core import chat_request as to_chat
 from ..chat.parts import AnswerParts
 from ..chat.request import ChatRequest
 from ..chat.stream import AnswerStep, answer_steps, collect
 from ..chat.usage import TokenCount
 from ..generation import PreparedRequest
 from ..ids import new_id
-from ..request_errors import RequestError
 from ..schemas import FinishReason
 from ..web.sse import named_event
-from .protocol import (
-    CountTokensRequest,
-    Message,
-    MessagesRequest,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-)
-
-# Chat fields named in errors, and the Messages field they came from.
-FIELDS = {
-    "response_format": "output_config.format",
-    "max_completion_tokens": "max_tokens",
-    "stop": "stop_sequences",
-}
-
-
-# --- request → chat request ------------------------------------------------------------------
-
-
-def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str, Any]]:
-    """The conversation as chat messages: a user turn's tool results come first, as tool
-    messages; an assistant turn's tool_use blocks are its tool calls, its thinking the message's
-    reasoning."""
-    converted: list[dict[str, Any]] = []
-    if system:
-        converted.append({"role": "system", "content": system})
-    for message in messages:
-        blocks = (
-            [TextBlock(type="text", text=message.content)]
-            if isinstance(message.content, str)
-            else message.content
-        )
-        text = "".join(block.text for block in blocks if isinstance(block, TextBlock))
-        if message.role == "user":
-            for block in blocks:
-                if isinstance(block, ToolResultBlock):
-                    converted.append(
-                        {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()}
-                    )
-            if text or not any(isinstance(block, ToolResultBlock) for block in blocks):
-                converted.append({"role": "user", "content": text})
-            continue
-        assistant: dict[str, Any] = {"role": "assistant", "content": text or None}
-        calls = [
-            {
-                "id": block.id,
-                "type": "function",
-                "function": {"name": block.name, "arguments": json.dumps(block.input)},
-            }
-            for block in blocks
-            if isinstance(block, ToolUseBlock)
-        ]
-        if calls:
-            assistant["tool_calls"] = calls
-        thinking = "".join(block.thinking for block in blocks if isinstance(block, ThinkingBlock))
-        if thinking:
-            assistant["reasoning_content"] = thinking
-        converted.append(assistant)
-    return converted
-
-
-def chat_request(request: CountTokensRequest, core: ChatCore) -> ChatRequest:
-    """The chat request an Anthropic request is served as."""
-    values: dict[str, Any] = {
-        "model": request.model,
-        "messages": chat_messages(request.system_text(), request.messages),
-    }
-    if request.tools is not None:
-        values["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": tool.input_schema,
-                },
-            }
-            for tool in request.tools
-        ]
-    choice = request.tool_choice
-    if choice is not None:
-        if choice.type == "tool":
-            if not choice.name:
-                raise RequestError(
-                    'tool_choice "tool" needs the name of the tool', param="tool_choice"
-                )
-            values["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-        else:
-            values["tool_choice"] = {"any": "required"}.get(choice.type, choice.type)
-        values["parallel_tool_calls"] = not choice.disable_parallel_tool_use
-    if request.thinking is not None:
-        thinks = request.thinking.type != "disabled"
-        if thinks and core.reasoning_format is None:
-            raise RequestError(
-                "thinking: this model does not think (no reasoning format; see "
-                "TRTLLM_REASONING_PARSER)",
-                param="thinking",
-            )
-        if core.reasoning_format is not None:
-            values["chat_template_kwargs"] = {"enable_thinking": thinks}
-    output = request.output_config.format if request.output_config else None
-    # A forced call answers with the call alone: there is no text for the format to shape.
-    forced = values.get("tool_choice") not in (None, "none", "auto")
-    if output is not None and not forced:
-        values["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": output.json_schema},
-        }
-    if isinstance(request, MessagesRequest):
-        values.update(
-            max_completion_tokens=request.max_tokens,
-            stop=request.stop_sequences,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            stream=request.stream,
-        )
-    return to_chat(values, FIELDS)
-
+from .context_editing import edit_context
+from .conversion import FIELDS, chat_request
+from .protocol import CountTokensRequest, MessagesRequest
 
 # --- the answer → content blocks and events ---------------------------------------------------
 
@@ -208,30 +89,56 @@ class ContentBuilder(AnswerParts[Event]):
         yield "content_block_stop", {"index": len(self.blocks) - 1}
 
 
+@dataclass
+class MessageRun:
+    """One message being answered: the core request, its plan, the context edits applied."""
+
+    prepared: PreparedRequest
+    plan: ChatPlan
+    model: str
+    applied_edits: list[dict[str, Any]] = field(default_factory=list)
+
+
 class MessagesServing:
     """`/v1/messages` and `/v1/messages/count_tokens`."""
 
     def __init__(self, core: ChatCore) -> None:
         self.core = core
 
-    async def prepare(
-        self, request: MessagesRequest, size: int = 0
-    ) -> tuple[PreparedRequest, ChatPlan]:
-        """The core request and its plan (`size`: the request body's bytes)."""
+    def chat(self, request: CountTokensRequest) -> tuple[ChatRequest, list[dict[str, Any]]]:
+        """The chat request, its context edits applied (blocking: they render the prompt)."""
         chat = chat_request(request, self.core)
-        return await self.core.prepare(chat, size, MESSAGES_LABEL, FIELDS)
+        if request.context_management is None:
+            return chat, []
+        return edit_context(chat, request.context_management.edits, self.core)
 
-    def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
-        return {"input_tokens": self.core.prompt_tokens(chat_request(request, self.core))}
+    async def prepare(self, request: MessagesRequest, size: int = 0) -> MessageRun:
+        """The message to answer (`size`: the request body's bytes)."""
+        chat, applied = await self.core.generator.offloader.run(size, self.chat, request)
+        prepared, plan = await self.core.prepare(chat, size, MESSAGES_LABEL, FIELDS)
+        return MessageRun(prepared, plan, request.model, applied)
 
-    def _message(
-        self, prepared: PreparedRequest, model: str, content: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        return {
+    def count_tokens(self, request: CountTokensRequest) -> dict[str, Any]:
+        """The prompt's tokens; with context edits that apply, before them too."""
+        chat = chat_request(request, self.core)
+        counted: dict[str, Any] = {"input_tokens": self.core.prompt_tokens(chat)}
+        if request.context_management is not None:
+            edited, applied = edit_context(chat, request.context_management.edits, self.core)
+            if applied:
+                original = counted["input_tokens"]
+                counted = {
+                    "input_tokens": self.core.prompt_tokens(edited),
+                    "context_management": {"original_input_tokens": original},
+                }
+        return counted
+
+    def _message(self, run: MessageRun, content: list[dict[str, Any]]) -> dict[str, Any]:
+        prepared = run.prepared
+        message: dict[str, Any] = {
             "id": f"msg_{prepared.request_id}",
             "type": "message",
             "role": "assistant",
-            "model": model,
+            "model": run.model,
             "content": content,
             "stop_reason": None,
             "stop_sequence": None,
@@ -242,43 +149,49 @@ class MessagesServing:
                 "cache_creation_input_tokens": 0,
             },
         }
+        if run.applied_edits:
+            message["context_management"] = {"applied_edits": run.applied_edits}
+        return message
 
-    async def create(self, prepared: PreparedRequest, plan: ChatPlan, model: str) -> dict[str, Any]:
+    async def create(self, run: MessageRun) -> dict[str, Any]:
         """The whole message: the answer's steps collected, rendered once."""
-        answer = await collect(prepared, answer_steps(self.core.generator, prepared, plan))
+        prepared = run.prepared
+        answer = await collect(prepared, answer_steps(self.core.generator, prepared, run.plan))
         (sequence,) = answer.sequences
         content = ContentBuilder()
         content.build(sequence.events)
-        message = self._message(prepared, model, content.blocks)
+        message = self._message(run, content.blocks)
         message["stop_reason"], message["stop_sequence"] = _stop(
             sequence.finish_reason, sequence.stop, content.calls
         )
         message["usage"].update(_usage(answer.usage))
         return message
 
-    async def stream(
-        self, prepared: PreparedRequest, plan: ChatPlan, model: str
-    ) -> AsyncIterator[str]:
+    async def stream(self, run: MessageRun) -> AsyncIterator[str]:
         """Anthropic's stream of events. The first events wait for the engine's first answer,
         so a failure before it still gets an error status."""
+        prepared = run.prepared
         content = ContentBuilder()
         usage = TokenCount(len(prepared.prompt_ids))
 
         def started() -> list[Event]:
-            return [("message_start", {"message": self._message(prepared, model, [])}),
+            return [("message_start", {"message": self._message(run, [])}),
                     ("ping", {})]  # fmt: skip
 
         def ended(last: AnswerStep) -> Iterator[Event]:
             yield from content.close()
             stop_reason, stop_sequence = _stop(last.finish_reason, last.stop, content.calls)
             delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            yield "message_delta", {"delta": delta, "usage": _usage(usage)}
+            ending = {"delta": delta, "usage": _usage(usage)}
+            if run.applied_edits:
+                ending["context_management"] = {"applied_edits": run.applied_edits}
+            yield "message_delta", ending
             yield "message_stop", {}
 
         def failed(error: EngineError) -> list[Event]:
             return [("error", {"error": {"type": "api_error", "message": str(error)}})]
 
-        steps = answer_steps(self.core.generator, prepared, plan)
+        steps = answer_steps(self.core.generator, prepared, run.plan)
         async for kind, payload in content.stream(steps, usage, started, ended, failed):
             yield named_event(kind, {"type": kind, **payload})
 

@@ -37,10 +37,20 @@ class ToolUseBlock(AnthropicModel):
     cache_control: dict[str, Any] | None = None
 
 
+class ToolReferenceBlock(AnthropicModel):
+    """A deferred tool loaded into the conversation (tool search's result)."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
+
+
+ResultBlock = Annotated[TextBlock | ToolReferenceBlock, Field(discriminator="type")]
+
+
 class ToolResultBlock(AnthropicModel):
     type: Literal["tool_result"]
     tool_use_id: str = Field(..., min_length=1)
-    content: str | list[TextBlock] | None = None
+    content: str | list[ResultBlock] | None = None
     is_error: bool = False
     cache_control: dict[str, Any] | None = None
 
@@ -48,8 +58,14 @@ class ToolResultBlock(AnthropicModel):
         if self.content is None or isinstance(self.content, str):
             text = self.content or ""
         else:
-            text = "".join(block.text for block in self.content)
+            text = "".join(block.text for block in self.content if isinstance(block, TextBlock))
         return f"Error: {text}" if self.is_error else text
+
+    def loaded_tools(self) -> list[str]:
+        """The deferred tools this result loads."""
+        if not isinstance(self.content, list):
+            return []
+        return [b.tool_name for b in self.content if isinstance(b, ToolReferenceBlock)]
 
 
 class ThinkingBlock(AnthropicModel):
@@ -75,7 +91,8 @@ BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking
 
 
 class Message(AnthropicModel):
-    role: Literal["user", "assistant"]
+    # Claude Code puts system messages among the others (its environment, reminders).
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @field_validator("content", mode="before")
@@ -99,12 +116,35 @@ class Tool(AnthropicModel):
     type: str | None = None
     cache_control: dict[str, Any] | None = None
     strict: bool | None = None
+    # Left out of the prompt until a tool_reference block loads it (Anthropic's tool search).
+    defer_loading: bool = False
+    input_examples: list[Any] | None = None
 
 
 class ToolChoice(AnthropicModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool = False
+
+
+class TokenThreshold(AnthropicModel):
+    type: Literal["input_tokens", "tool_uses", "thinking_turns"]
+    value: int = Field(..., ge=0)
+
+
+class ContextEdit(AnthropicModel):
+    """One of context_management.edits: clear old tool results, or old thinking."""
+
+    type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015"]
+    trigger: TokenThreshold | None = None
+    keep: TokenThreshold | Literal["all"] | None = None
+    clear_at_least: TokenThreshold | None = None
+    exclude_tools: list[str] | None = None
+    clear_tool_inputs: bool = False
+
+
+class ContextManagement(AnthropicModel):
+    edits: list[ContextEdit] = Field(default_factory=list)
 
 
 class Thinking(AnthropicModel):
@@ -133,6 +173,7 @@ class CountTokensRequest(AnthropicModel):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
 
     def system_text(self) -> str | None:
         if self.system is None or isinstance(self.system, str):
@@ -153,8 +194,6 @@ class CountTokensRequest(AnthropicModel):
                 )
             if tool.input_schema is None:
                 return f"tools[{position}].input_schema", "a tool needs its input_schema"
-        if self.output_config is not None and self.output_config.effort is not None:
-            return "output_config.effort", "effort is not supported by this model"
         return None
 
 
@@ -186,5 +225,4 @@ class MessagesRequest(CountTokensRequest):
 REFUSED_FIELDS = {
     "container": "containers (code execution) are not supported: this server runs the model only",
     "mcp_servers": "MCP servers are not supported: send the tools themselves",
-    "context_management": "context management is not supported",
 }

@@ -24,11 +24,10 @@ def messages_routes(endpoints: Endpoints) -> list[Route]:
         server = current()
         parsed, size = await endpoints.parse(request, server.core, MessagesRequest)
         assert isinstance(parsed, MessagesRequest)
-        prepared, plan = await server.prepare(parsed, size)
+        run = await server.prepare(parsed, size)
         if parsed.stream:
-            events = server.stream(prepared, plan, parsed.model)
-            return await streaming_response(events, server.core.stream_interval)
-        return JSONResponse(await server.create(prepared, plan, parsed.model))
+            return await streaming_response(server.stream(run), server.core.stream_interval)
+        return JSONResponse(await server.create(run))
 
     async def count_tokens(request: Request) -> Response:
         server = current()

@@ -10,11 +10,8 @@ from typing import Any
 
 import pytest
 
-from tensorrtllm_backend.serving.anthropic_api.messages import (
-    ContentBuilder,
-    _stop,
-    chat_messages,
-)
+from tensorrtllm_backend.serving.anthropic_api.conversion import chat_messages
+from tensorrtllm_backend.serving.anthropic_api.messages import ContentBuilder, _stop
 from tensorrtllm_backend.serving.anthropic_api.protocol import MessagesRequest
 from tensorrtllm_backend.serving.chat.events import (
     ArgumentsDelta,
@@ -78,7 +75,6 @@ def test_a_user_turn_of_tool_results_only_adds_no_empty_message() -> None:
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         ({"mcp_servers": [{"url": "x"}]}, "mcp_servers"),
-        ({"output_config": {"effort": "high"}}, "output_config.effort"),
     ],
 )
 def test_what_cannot_be_done_is_named(fields: dict[str, Any], param: str) -> None:
