@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # The Responses API's stored responses (per worker): their total size and age.
     responses_store_bytes: int = Field(64 * 1024 * 1024, ge=0)
     responses_store_ttl_s: float = Field(3600.0, ge=0.0)
+    # The Responses API's tools that run on OpenAI's side (web_search...): left out of what the
+    # model is offered, with a log line, or refused with a 400.
+    hosted_tools: Literal["omit", "reject"] = "omit"
 
     # tritonserver.
     triton_grpc_port: int | None = TCPPort

@@ -46,20 +46,24 @@ def build_app(upstream: str, log: Path) -> web.Application:
             request.method, upstream + request.path_qs, data=body, headers=headers
         ) as answer:
             record["status"] = answer.status
+            error = await answer.read() if answer.status >= 400 else None  # short: read whole
+            if error is not None:
+                record["answer"] = error[-4000:].decode("utf-8", "replace")
+            # Recorded as soon as the status is known: a client may leave once it has read the
+            # end of a stream, before the proxy finishes it.
+            with log.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
             response = web.StreamResponse(status=answer.status)
             for key, value in answer.headers.items():
                 if key.lower() not in HOP_HEADERS and key.lower() != "content-encoding":
                     response.headers[key] = value
             await response.prepare(request)
-            tail = b""
-            async for chunk in answer.content.iter_any():
-                await response.write(chunk)
-                tail = (tail + chunk)[-4000:]
-            if answer.status >= 400:
-                record["answer"] = tail.decode("utf-8", "replace")
+            if error is not None:
+                await response.write(error)
+            else:
+                async for chunk in answer.content.iter_any():
+                    await response.write(chunk)
             await response.write_eof()
-        with log.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record) + "\n")
         return response
 
     app = web.Application(client_max_size=64 * 1024 * 1024)

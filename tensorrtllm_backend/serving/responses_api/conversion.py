@@ -4,6 +4,7 @@ items and the stored conversation of `previous_response_id` as the messages, fun
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,6 +26,9 @@ from .protocol import (
     ResponsesRequest,
 )
 
+logger = logging.getLogger(__name__)
+# How a namespace tool's function is named to the model: `namespace__function`.
+NAMESPACE_SEPARATOR = "__"
 # Chat fields named in errors, and the Responses field they came from.
 FIELDS = {
     "messages": "input",
@@ -66,12 +70,13 @@ def stored_item(item: InputItem) -> dict[str, Any]:
 
 
 def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
-    """The conversation as chat messages: a developer message is a system message (what chat
-    templates know); function calls join the assistant message before them, their outputs are
-    tool messages, and a reasoning item is the thinking of the assistant message after it."""
+    """The conversation as chat messages: the instructions and every system or developer message
+    are the one system message, first (what chat templates take); function calls join the
+    assistant message before them (a namespace's function by its offered name), their outputs
+    are tool messages, and a reasoning item is the thinking of the assistant message after
+    it."""
     messages: list[dict[str, Any]] = []
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
+    systems = [instructions] if instructions else []
     thinking = ""
     for item in items:
         if isinstance(item, ReasoningItem):
@@ -81,14 +86,17 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
             continue
         if isinstance(item, MessageItem):
-            role = "system" if item.role == "developer" else item.role
-            messages.append({"role": role, "content": item.text()})
+            if item.role in ("system", "developer"):
+                systems.append(item.text())
+                continue
+            messages.append({"role": item.role, "content": item.text()})
         else:
             assert isinstance(item, FunctionCallItem)
+            name = offered_name(item.namespace, item.name)
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
+                "function": {"name": name, "arguments": item.arguments},
             }
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
@@ -98,32 +106,80 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
         if messages[-1]["role"] == "assistant" and thinking:
             messages[-1]["reasoning_content"] = thinking
             thinking = ""
+    if systems:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(systems)})
     return messages
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def offered_name(namespace: str | None, name: str) -> str:
+    """The name a namespace's function is offered to the model under."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def namespaced(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]:
+    """Offered name -> (namespace, function) of the functions of namespace tools."""
+    return {
+        offered_name(tool.get("name"), inner.get("name", "")): (tool["name"], inner.get("name"))
+        for tool in tools or ()
+        if tool.get("type") == "namespace" and isinstance(tool.get("name"), str)
+        for inner in tool.get("tools") or ()
+        if isinstance(inner, dict)
+    }
+
+
+def chat_tools(
+    tools: list[dict[str, Any]] | None, hosted: str = "omit"
+) -> list[dict[str, Any]] | None:
+    """The function tools the model is offered: function tools, and the functions of namespace
+    tools under their offered names. Tools that run on OpenAI's side are left out with a log
+    line (`hosted` "omit", TRTLLM_HOSTED_TOOLS) or refused ("reject"); other types are
+    refused."""
     if tools is None:
         return None
     converted = []
     for position, tool in enumerate(tools):
-        if tool.get("type") != "function":
+        kind = tool.get("type")
+        if kind == "namespace":
+            for inner, function in enumerate(tool.get("tools") or ()):
+                where = f"tools[{position}].tools[{inner}]"
+                offered = _function(function, where)
+                offered["name"] = offered_name(tool.get("name"), offered["name"])
+                converted.append({"type": "function", "function": offered})
+            continue
+        if kind in HOSTED_TOOLS and hosted == "omit":
+            _omitted(str(kind))
+            continue
+        if kind != "function":
             raise RequestError(
-                f"tools[{position}]: {tool.get('type')!r} tools are not supported: this server "
-                f"runs the model only, so it offers function tools (not {HOSTED_TOOLS})",
+                f"tools[{position}]: {kind!r} tools are not supported: this server runs the "
+                "model only, so it offers function and namespace tools (tools that run on "
+                "OpenAI's side are left out with TRTLLM_HOSTED_TOOLS=omit)",
                 param=f"tools[{position}].type",
             )
-        try:
-            function = FunctionTool.model_validate(tool)
-        except ValidationError as error:
-            message, _ = validation_message(error)
-            raise RequestError(f"tools[{position}].{message}", param="tools") from None
-        converted.append(
-            {
-                "type": "function",
-                "function": function.model_dump(exclude={"type"}, exclude_none=True),
-            }
+        converted.append({"type": "function", "function": _function(tool, f"tools[{position}]")})
+    return converted or None
+
+
+def _function(tool: Any, where: str) -> dict[str, Any]:
+    try:
+        function = FunctionTool.model_validate(tool)
+    except ValidationError as error:
+        message, _ = validation_message(error)
+        raise RequestError(f"{where}.{message}", param=where) from None
+    return function.model_dump(exclude={"type"}, exclude_none=True)
+
+
+_OMITTED: set[str] = set()
+
+
+def _omitted(kind: str) -> None:
+    """Log once per tool type that requests offer it and the model is not shown it."""
+    if kind not in _OMITTED and len(_OMITTED) < 64:
+        _OMITTED.add(kind)
+        logger.warning(
+            "/v1/responses: leaving out %r tools: they run on OpenAI's side (TRTLLM_HOSTED_TOOLS)",
+            kind,
         )
-    return converted
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -139,8 +195,13 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
     )
 
 
-def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatRequest:
-    """The chat request a Responses request is served as."""
+def chat_request(
+    request: ResponsesRequest, items: list[InputItem], hosted: str = "omit"
+) -> ChatRequest:
+    """The chat request a Responses request is served as (`hosted`: TRTLLM_HOSTED_TOOLS)."""
+    template = dict(request.chat_template_kwargs or {})
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        template.setdefault("reasoning_effort", request.reasoning.effort)
     values: dict[str, Any] = {
         "model": request.model,
         "messages": chat_messages(request.instructions, items),
@@ -148,14 +209,14 @@ def chat_request(request: ResponsesRequest, items: list[InputItem]) -> ChatReque
         "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
-        "tools": chat_tools(request.tools),
+        "tools": chat_tools(request.tools, hosted),
         "tool_choice": chat_tool_choice(request.tool_choice),
         "seed": request.seed,
         "top_k": request.top_k,
         "min_tokens": request.min_tokens,
         "repetition_penalty": request.repetition_penalty,
         "ignore_eos": request.ignore_eos,
-        "chat_template_kwargs": request.chat_template_kwargs,
+        "chat_template_kwargs": template or None,
     }
     if request.parallel_tool_calls is not None:
         values["parallel_tool_calls"] = request.parallel_tool_calls

@@ -15,12 +15,21 @@ Event = tuple[str, dict[str, Any]]  # (type, payload without type and sequence n
 
 class OutputBuilder(AnswerParts[Event]):
     """Output items: a `reasoning` item for the thinking, a `message` for the text, a
-    `function_call` per call; `items` is the output so far."""
+    `function_call` per call; `items` is the output so far. `namespaced`: offered name ->
+    (namespace, function) of the functions of namespace tools, whose calls are reported with
+    their namespace; `summary`: reasoning items carry the thinking as their summary too."""
 
-    def __init__(self, items: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        items: list[dict[str, Any]] | None = None,
+        namespaced: dict[str, tuple[str, str]] | None = None,
+        summary: bool = False,
+    ) -> None:
         super().__init__()
         self.items: list[dict[str, Any]] = items if items is not None else []
         self.status = "completed"  # of the items closed from now on
+        self.namespaced = namespaced or {}
+        self.summary = summary
 
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
@@ -31,6 +40,8 @@ class OutputBuilder(AnswerParts[Event]):
                 "type": "function_call", "id": new_id("fc"), "call_id": new_id("call"),
                 "name": name, "arguments": "", "status": "in_progress",
             }  # fmt: skip
+            if name in self.namespaced:
+                item["namespace"], item["name"] = self.namespaced[name]
         elif kind == "thinking":
             item = {
                 "type": "reasoning", "id": new_id("rs"), "summary": [], "content": [],
@@ -68,6 +79,8 @@ class OutputBuilder(AnswerParts[Event]):
         else:
             part = _part(kind, text)
             item["content"] = [part]
+            if kind == "thinking" and self.summary:
+                item["summary"] = [{"type": "summary_text", "text": text}]
             done = (
                 "response.reasoning_text.done"
                 if kind == "thinking"

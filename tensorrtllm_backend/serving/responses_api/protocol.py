@@ -2,8 +2,8 @@
 
 Types are strict at this edge, as on the chat API. What the API defines and this server cannot do
 is a 400 naming it (:meth:`ResponsesRequest.unsupported`): hosted tools (web search, file search,
-computer use, code interpreter, MCP, image generation...), background runs, conversations, stored
-prompts, reasoning effort. Bookkeeping fields (metadata, user, service_tier, prompt caching hints)
+computer use, code interpreter, MCP, image generation...) unless TRTLLM_HOSTED_TOOLS=omit leaves
+them out, background runs, conversations, stored prompts. Bookkeeping fields (metadata, user, service_tier, prompt caching hints)
 are accepted and change nothing.
 
 Input items are read by their `type` (a message may leave it out): messages, `function_call`,
@@ -19,11 +19,14 @@ from pydantic import Field, model_validator
 from ..chat.request import NAME_PATTERN, BookkeepingFields, RequestModel
 from ..schemas import UINT64_MAX
 
-# Tool types of the Responses API that run on OpenAI's side.
-HOSTED_TOOLS = (
-    "web_search, web_search_preview, file_search, computer_use_preview, code_interpreter, mcp, "
-    "image_generation, local_shell, shell, apply_patch, custom, tool_search"
-)
+# Tool types of the Responses API that run on OpenAI's side: the model cannot call them here.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search", "web_search_preview", "web_search_2025_08_26", "file_search",
+        "computer_use_preview", "computer_use", "code_interpreter", "mcp", "image_generation",
+        "tool_search",
+    }
+)  # fmt: skip
 # `include` values this server answers with nothing to add: the reasoning items carry the
 # thinking as plain text (there is nothing to encrypt).
 HARMLESS_INCLUDES = frozenset({"reasoning.encrypted_content"})
@@ -65,6 +68,7 @@ class FunctionCallItem(RequestModel):
     arguments: str
     id: str | None = None
     status: str | None = None
+    namespace: str | None = Field(None, pattern=NAME_PATTERN)  # a function of a namespace tool
 
 
 class FunctionCallOutputItem(RequestModel):
@@ -132,6 +136,18 @@ class TextConfig(RequestModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
+class ReasoningConfig(RequestModel):
+    """`reasoning`: effort is the chat template's `reasoning_effort` variable; a summary is the
+    thinking itself (nothing here summarizes it)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # its older name
+
+    def wants_summary(self) -> bool:
+        return (self.summary or self.generate_summary) is not None
+
+
 class ResponsesRequest(BookkeepingFields):
     """`POST /v1/responses`."""
 
@@ -153,7 +169,8 @@ class ResponsesRequest(BookkeepingFields):
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tool_calls: int | None = Field(None, ge=1)
-    reasoning: dict[str, Any] | None = None
+    reasoning: ReasoningConfig | None = None
+    client_metadata: dict[str, Any] | None = None  # Codex's: bookkeeping
     background: bool | None = None
     prompt_cache_retention: str | None = None  # accepted with no effect on the answer
     # Extensions with the chat API's names (as vLLM accepts them on /v1/responses).
@@ -179,11 +196,6 @@ class ResponsesRequest(BookkeepingFields):
         for name, reason in refused.items():
             if getattr(self, name, None) or extra.get(name):
                 return name, reason
-        if self.reasoning and any(v is not None for v in self.reasoning.values()):
-            return "reasoning", (
-                "reasoning effort and summaries are not supported: the model thinks as its chat "
-                'template says (chat_template_kwargs, e.g. {"enable_thinking": false})'
-            )
         if self.truncation == "auto":
             return "truncation", (
                 'truncation "auto" is not supported: a prompt longer than the model takes is a '

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ...settings import load_settings
 from ..web.endpoints import Endpoints, streaming_response
 from .protocol import ResponsesRequest
 from .serving import ResponsesServing
@@ -19,10 +20,11 @@ from .store import ResponseStore
 def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -> list[Route]:
     """The routes, relative to `/v1`; `store` defaults to one sized by the settings."""
     responses_store = store if store is not None else ResponseStore.from_settings()
+    hosted_tools = load_settings().hosted_tools
     handler = endpoints.handler
 
     def current() -> ResponsesServing:
-        return ResponsesServing(endpoints.core(), responses_store)
+        return ResponsesServing(endpoints.core(), responses_store, hosted_tools)
 
     async def create(request: Request) -> Response:
         server = current()

@@ -31,7 +31,7 @@ from ..ids import new_id
 from ..request_errors import RequestError
 from ..schemas import FinishReason
 from ..web.sse import named_event
-from .conversion import FIELDS, chat_request, parse_items, stored_item
+from .conversion import FIELDS, chat_request, namespaced, parse_items, stored_item
 from .output import Event, OutputBuilder
 from .protocol import ResponsesRequest
 from .store import ResponseStore, StoredResponse
@@ -55,9 +55,11 @@ class ResponseRun:
 class ResponsesServing:
     """`/v1/responses`: create (whole or streamed), retrieve, delete, cancel."""
 
-    def __init__(self, core: ChatCore, store: ResponseStore) -> None:
+    def __init__(self, core: ChatCore, store: ResponseStore, hosted_tools: str = "omit") -> None:
+        """`hosted_tools`: what OpenAI-side tools get (TRTLLM_HOSTED_TOOLS: omit, reject)."""
         self.core = core
         self.store = store
+        self.hosted_tools = hosted_tools
 
     async def prepare(self, request: ResponsesRequest, size: int = 0) -> ResponseRun:
         """The response to run (`size`: the request body's bytes)."""
@@ -69,13 +71,19 @@ class ResponsesServing:
                 raise self._not_found(request.previous_response_id, "previous_response_id")
             history = found
         items = parse_items(history, "previous_response_id") + new_items
-        chat = chat_request(request, items)
+        chat = chat_request(request, items, self.hosted_tools)
         prepared, plan = await self.core.prepare(chat, size, RESPONSES_LABEL, FIELDS)
         dumped = [stored_item(item) for item in new_items]
         run = ResponseRun(request, prepared, plan, dumped)
         if request.store and self.store.enabled:
             self._store(run, self.response(run, "in_progress", []), [])
         return run
+
+    @staticmethod
+    def _builder(run: ResponseRun) -> OutputBuilder:
+        request = run.request
+        summary = request.reasoning is not None and request.reasoning.wants_summary()
+        return OutputBuilder(run.output, namespaced(request.tools), summary)
 
     def _not_found(self, response_id: str, param: str | None = None) -> RequestError:
         keeps = (
@@ -118,7 +126,7 @@ class ResponsesServing:
         """The whole response: the answer's steps collected, rendered once."""
         answer = await collect(run.prepared, self._steps(run))
         (sequence,) = answer.sequences
-        output = OutputBuilder(run.output)
+        output = self._builder(run)
         output.status = _item_status(sequence.finish_reason)
         output.build(sequence.events)
         return self._finish(run, output, sequence.finish_reason, answer.usage)
@@ -141,7 +149,7 @@ class ResponsesServing:
         """OpenAI's stream of events, each with its sequence number. The first events wait for
         the engine's first answer, so a failure before it still gets an error status."""
         numbers = itertools.count()
-        output = OutputBuilder(run.output)
+        output = self._builder(run)
         usage = TokenCount(len(run.prepared.prompt_ids))
 
         def started() -> list[Event]:
@@ -198,7 +206,10 @@ class ResponsesServing:
             "truncation": "disabled",
             "store": request.store,
             "background": False,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {
+                "effort": request.reasoning.effort if request.reasoning else None,
+                "summary": request.reasoning.summary if request.reasoning else None,
+            },
             "metadata": request.metadata or {},
             "user": request.user,
             "error": None,

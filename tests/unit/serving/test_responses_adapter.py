@@ -5,6 +5,7 @@ items with OpenAI's stream events in OpenAI's order."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,12 @@ from tensorrtllm_backend.serving.chat.events import (
 from tensorrtllm_backend.serving.chat.reasoning import ReasoningDelta
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.responses_api.conversion import (
+    NAMESPACE_SEPARATOR,
     chat_messages,
     chat_request,
     chat_tool_choice,
     chat_tools,
+    namespaced,
     parse_items,
 )
 from tensorrtllm_backend.serving.responses_api.output import OutputBuilder
@@ -49,18 +52,13 @@ def test_a_conversation_becomes_chat_messages() -> None:
         ]
     )  # fmt: skip
     messages = chat_messages("Instructions.", items)
-    assert [m["role"] for m in messages] == [
-        "system",
-        "system",
-        "user",
-        "assistant",
-        "tool",
-        "tool",
-    ]
-    assistant = messages[3]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool"]
+    # The instructions and every developer or system message: one system message, first.
+    assert messages[0]["content"] == "Instructions.\n\nBe terse."
+    assistant = messages[2]
     assert assistant["content"] == "Let me look." and assistant["reasoning_content"] == "ok"
     assert [call["id"] for call in assistant["tool_calls"]] == ["c1", "c2"]
-    assert messages[5] == {"role": "tool", "tool_call_id": "c2", "content": "cold"}
+    assert messages[4] == {"role": "tool", "tool_call_id": "c2", "content": "cold"}
 
 
 def test_a_call_without_a_message_before_it_is_an_assistant_message_of_its_own() -> None:
@@ -95,9 +93,15 @@ def test_tools_and_tool_choices_become_the_chat_apis() -> None:
     named = chat_tool_choice({"type": "function", "name": "get_weather"})
     assert named == {"type": "function", "function": {"name": "get_weather"}}
     assert chat_tool_choice("required") == "required"
+    # OpenAI-side tools are left out (TRTLLM_HOSTED_TOOLS=omit, the default), or refused.
+    assert chat_tools([TOOL, {"type": "web_search"}]) == chat_tools([TOOL])
+    assert chat_tools([{"type": "web_search"}]) is None
     with pytest.raises(RequestError) as caught:
-        chat_tools([TOOL, {"type": "web_search"}])
+        chat_tools([TOOL, {"type": "web_search"}], hosted="reject")
     assert caught.value.param == "tools[1].type"
+    with pytest.raises(RequestError) as caught:
+        chat_tools([{"type": "custom", "name": "apply_patch"}])
+    assert caught.value.param == "tools[0].type"
     with pytest.raises(RequestError, match="allowed_tools"):
         chat_tool_choice({"type": "allowed_tools", "mode": "auto", "tools": []})
 
@@ -121,7 +125,6 @@ def test_text_format_is_the_response_format_unless_a_call_is_forced() -> None:
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "p"}}, "prompt"),
-        ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"truncation": "auto"}, "truncation"),
         ({"include": ["file_search_call.results"]}, "include"),
     ],
@@ -182,3 +185,46 @@ def test_answer_events_become_items_and_events_in_openais_order() -> None:
     indexes = [payload["output_index"] for _, payload in stream]
     assert indexes == sorted(indexes) and indexes[-1] == 3
     assert output.reasoning_text() == "think"
+
+
+def test_reasoning_effort_is_the_templates_and_a_summary_is_the_thinking() -> None:
+    chat = chat_request(request(reasoning={"effort": "high", "summary": "auto"}), parse_items("hi"))
+    assert chat.chat_template_kwargs == {"reasoning_effort": "high"}
+    own = request(reasoning={"effort": "high"}, chat_template_kwargs={"reasoning_effort": "low"})
+    assert chat_request(own, parse_items("hi")).chat_template_kwargs == {"reasoning_effort": "low"}
+    output = OutputBuilder(summary=True)
+    output.build([ReasoningDelta("think"), ContentDelta("answer")])
+    reasoning, message = output.items
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "think"}]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "think"}]
+    assert message["content"][0]["text"] == "answer"
+
+
+def test_a_namespace_tool_offers_its_functions_and_calls_come_back_with_it() -> None:
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}
+    tools = [TOOL, {"type": "namespace", "name": "agents", "description": "d", "tools": [spawn]}]
+    offered = [tool["function"]["name"] for tool in chat_tools(tools) or ()]
+    assert offered == ["get_weather", f"agents{NAMESPACE_SEPARATOR}spawn_agent"]
+    output = OutputBuilder(namespaced=namespaced(tools))
+    output.build([CallStart(0, f"agents{NAMESPACE_SEPARATOR}spawn_agent"), ArgumentsDelta(0, "{}")])
+    (call,) = output.items
+    assert (call["namespace"], call["name"], call["arguments"]) == ("agents", "spawn_agent", "{}")
+    # Sent back in the input, the call is the offered function again.
+    items = parse_items([{"type": "function_call", "call_id": "c1", "namespace": "agents",
+                          "name": "spawn_agent", "arguments": "{}"}])  # fmt: skip
+    (assistant,) = chat_messages(None, items)
+    assert (
+        assistant["tool_calls"][0]["function"]["name"] == f"agents{NAMESPACE_SEPARATOR}spawn_agent"
+    )
+
+
+def test_codexs_first_request_is_served() -> None:
+    captured = Path(__file__).parents[2] / "data" / "clients" / "codex-0.171.0-responses.json"
+    parsed = ResponsesRequest.model_validate(json.loads(captured.read_text()))
+    assert parsed.unsupported() is None
+    chat = chat_request(parsed, parse_items(parsed.input))
+    assert [m.role for m in chat.messages] == ["system", "user", "user"]
+    offered = {tool.function.name for tool in chat.tools or ()}
+    assert (
+        "exec_command" in offered and f"multi_agent_v1{NAMESPACE_SEPARATOR}spawn_agent" in offered
+    )
