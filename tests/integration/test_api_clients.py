@@ -496,3 +496,39 @@ def test_messages_whole_equals_stream(claude: anthropic.Anthropic) -> None:
             whole.stop_sequence,
         )
         assert streamed.usage == whole.usage
+
+
+# --- every field of every table, sent to the service ---------------------------------------------
+
+FIELD_ROUTES = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    "completions": ("/v1/completions", {"prompt": "Once upon a time"}),
+    "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 8}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}]}),
+}
+
+
+def test_every_field_of_every_table_is_answered_as_its_table_says(server: BentoServer) -> None:
+    from tensorrtllm_backend.serving.field_policy import Policy
+    from tensorrtllm_backend.serving.field_tables import TABLES
+
+    sent = 0
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http:
+        for name, table in TABLES.items():
+            path, base = FIELD_ROUTES[name]
+            for rule in table.rules:
+                if rule.example is None or "." in rule.name or "[" in rule.name:
+                    continue
+                example = MODEL if rule.example == "MODEL" else rule.example
+                body = {"model": MODEL, "max_tokens": 8, **base, rule.name: example}
+                if name == "responses":
+                    body.pop("max_tokens")
+                answer = http.post(path, json=body)
+                sent += 1
+                where = f"{name}: {rule.name}={example!r}: {answer.status_code} {answer.text[:300]}"
+                if rule.policy is Policy.REFUSED:
+                    assert answer.status_code == 400, where
+                    assert answer.json()["error"]["message"] == rule.note, where
+                else:
+                    assert answer.status_code == 200, where
+    assert sent >= 100

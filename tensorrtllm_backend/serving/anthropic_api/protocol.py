@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..schemas import MAX_STOP_WORDS, MAX_WORD_CHARS
+from .fields import MESSAGES_FIELDS
 
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
@@ -182,10 +183,9 @@ class CountTokensRequest(AnthropicModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """The first field set that this server cannot honour, with what to do instead."""
-        extra = self.model_extra or {}
-        for name, reason in REFUSED_FIELDS.items():
-            if extra.get(name):
-                return name, reason
+        refused = MESSAGES_FIELDS.first_refused(self.model_extra or {})
+        if refused is not None:
+            return refused
         for position, tool in enumerate(self.tools or []):
             if tool.type not in (None, "custom"):
                 return f"tools[{position}].type", (
@@ -219,10 +219,3 @@ class MessagesRequest(CountTokensRequest):
         if any(not stop or len(stop) > MAX_WORD_CHARS for stop in stops):
             raise ValueError(f"stop sequences must have 1 to {MAX_WORD_CHARS} characters")
         return stops
-
-
-# Fields of Anthropic's API that would change the answer and that this server cannot honour.
-REFUSED_FIELDS = {
-    "container": "containers (code execution) are not supported: this server runs the model only",
-    "mcp_servers": "MCP servers are not supported: send the tools themselves",
-}

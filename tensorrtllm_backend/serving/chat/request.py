@@ -41,21 +41,6 @@ def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
     return found
 
 
-# Fields of OpenAI's request schema that would change the answer and that this server cannot
-# honour: each is a 400 naming it (when set to anything but its neutral value).
-UNSUPPORTED_FIELDS = {
-    "logit_bias": "logit_bias is not supported here (to keep words out of the answer, send "
-    "bad_words to the native API)",
-    "functions": "functions is OpenAI's deprecated form of tools: send tools instead",
-    "function_call": "function_call is OpenAI's deprecated form of tool_choice: send tool_choice",
-    "audio": "audio output is not supported: this server generates text",
-    "prediction": "predicted outputs (prediction) are not supported",
-    "web_search_options": "web search is not supported",
-    "reasoning_effort": "reasoning_effort is not supported by this model",
-    "best_of": "best_of is a /v1/completions field: ask for n sequences and pick one",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class UsageReport:
     """Where a streamed answer reports its usage (from stream_options)."""
@@ -139,20 +124,6 @@ class SamplingFields(BookkeepingFields):
             if len(word) > MAX_WORD_CHARS:
                 raise ValueError(f"stop sequences must be at most {MAX_WORD_CHARS} characters")
         return words
-
-    def unsupported(self) -> tuple[str, str] | None:
-        """The first field set that cannot be honoured here, with what to do instead."""
-        extra = self.model_extra or {}
-        for name, reason in UNSUPPORTED_FIELDS.items():
-            value = extra.get(name)
-            neutral = value in (None, {}, [], False) or (name == "best_of" and value == self.n)
-            if not neutral:
-                return name, reason
-        if extra.get("modalities") not in (None, ["text"]):
-            return "modalities", 'only text output is supported: send modalities ["text"] or none'
-        if self.stream_options is not None and not self.stream:
-            return "stream_options", "stream_options is only allowed with stream: true"
-        return None
 
     def usage_report(self) -> UsageReport:
         """Where a streamed answer reports usage: continuous_usage_stats counts with

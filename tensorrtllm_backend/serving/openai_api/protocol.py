@@ -10,14 +10,42 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from ..chat.request import ChatRequest, SamplingFields, ToolCall
+from ..chat.request import ChatRequest, RequestModel, SamplingFields, ToolCall
+from ..field_policy import FieldTable
 from ..schemas import MAX_PROMPT_CHARS, Usage
-
-ChatCompletionRequest = ChatRequest
-"""OpenAI's chat completions take the chat core's request as it is."""
+from .fields import CHAT_FIELDS, COMPLETIONS_FIELDS
 
 
-class CompletionRequest(SamplingFields):
+class _OpenAIHints(RequestModel):
+    """OpenAI fields that steer nothing here (their policies: :mod:`.fields`)."""
+
+    prediction: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    def refused_by(self, table: FieldTable, n: int) -> tuple[str, str] | None:
+        """The first field sent that `table` refuses, with what to do instead."""
+        sent = {
+            **(self.model_extra or {}),
+            **{k: getattr(self, k) for k in type(self).model_fields},
+        }
+        refused = table.first_refused(sent, neutral={"best_of": n, "modalities": ["text"]})
+        if refused is not None:
+            return refused
+        if getattr(self, "stream_options", None) is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed with stream: true"
+        return None
+
+
+class ChatCompletionRequest(ChatRequest, _OpenAIHints):
+    """OpenAI's chat completions: the chat core's request, and OpenAI's own fields."""
+
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        return self.refused_by(CHAT_FIELDS, self.n)
+
+
+class CompletionRequest(SamplingFields, _OpenAIHints):
     prompt: str | list[str]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
@@ -29,6 +57,9 @@ class CompletionRequest(SamplingFields):
     def candidates(self) -> int:
         """Sequences to generate: best_of, or n."""
         return self.best_of or self.n
+
+    def unsupported(self) -> tuple[str, str] | None:
+        return self.refused_by(COMPLETIONS_FIELDS, self.n)
 
     @field_validator("prompt")
     @classmethod

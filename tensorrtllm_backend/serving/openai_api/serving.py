@@ -71,6 +71,10 @@ class OpenAIServing(StreamRenderer):
     async def prepare_chat(
         self, request: ChatCompletionRequest, size: int = 0
     ) -> tuple[PreparedRequest, ChatPlan]:
+        if request.reasoning_effort is not None:  # the template's variable; its own kwargs win
+            template = {"reasoning_effort": request.reasoning_effort}
+            template.update(request.chat_template_kwargs or {})
+            request = request.model_copy(update={"chat_template_kwargs": template})
         return await self.core.prepare(request, size, CHAT_LABEL)
 
     # -- whole answers -----------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 
 from ..chat.request import NAME_PATTERN, BookkeepingFields, RequestModel
 from ..schemas import UINT64_MAX
+from .fields import RESPONSES_FIELDS
 
 # Tool types of the Responses API that run on OpenAI's side: the model cannot call them here.
 HOSTED_TOOLS = frozenset(
@@ -183,28 +184,13 @@ class ResponsesRequest(BookkeepingFields):
 
     def unsupported(self) -> tuple[str, str] | None:
         """The first field set that this server cannot honour, with what to do instead."""
-        extra = self.model_extra or {}
-        refused = {
-            "background": (
-                "background responses are not supported: send the request without background "
-                "(stream it to see progress)"
-            ),
-            "conversation": "conversations are not supported: chain with previous_response_id",
-            "prompt": "stored prompts are not supported: send instructions and input",
-            "context_management": "context management (compaction) is not supported",
+        sent = {
+            **(self.model_extra or {}),
+            **{k: getattr(self, k) for k in type(self).model_fields},
         }
-        for name, reason in refused.items():
-            if getattr(self, name, None) or extra.get(name):
-                return name, reason
-        if self.truncation == "auto":
-            return "truncation", (
-                'truncation "auto" is not supported: a prompt longer than the model takes is a '
-                '400 (send truncation "disabled" or none)'
-            )
-        if self.top_logprobs:
-            return "top_logprobs", "log probabilities are not returned on /v1/responses"
-        if self.max_tool_calls is not None:
-            return "max_tool_calls", "max_tool_calls is not supported: send tool_choice instead"
+        refused = RESPONSES_FIELDS.first_refused(sent, neutral={"truncation": "disabled"})
+        if refused is not None:
+            return refused
         for include in self.include or []:
             if include not in HARMLESS_INCLUDES:
                 return "include", f"include {include!r} is not supported here"
