@@ -532,3 +532,12 @@ def test_every_field_of_every_table_is_answered_as_its_table_says(server: BentoS
                 else:
                     assert answer.status_code == 200, where
     assert sent >= 100
+
+
+def test_a_forced_call_cut_by_the_token_limit_is_no_message_text(client: openai.OpenAI) -> None:
+    for limit in (2, 4, 6):
+        response = client.responses.create(
+            model=MODEL, input="Weather in Paris?", max_output_tokens=limit, **ONE_CALL
+        )
+        assert response.status == "incomplete" and response.output_text == ""
+        assert [item.type for item in response.output if item.type == "message"] == []

@@ -62,7 +62,7 @@ class ToolPlan:
             assert self.named is not None
             return _NamedCall(self.named)
         if self.mode == "required":
-            return _Parsed(ToolCallParser(JSON_CALLS, calls_first=True))
+            return _Forced(ToolCallParser(JSON_CALLS, calls_first=True))
         assert self.fmt is not None
         return _Parsed(ToolCallParser(self.fmt))
 
@@ -196,6 +196,17 @@ class _Parsed(CallExtractor):
 
     def finish(self) -> list[Event]:
         return self._parser.finish()
+
+
+class _Forced(_Parsed):
+    """A "required" tool_choice: the guide allows only calls, so text outside them is the rest
+    of a call the token limit cut short: never the message's content."""
+
+    def feed(self, text: str) -> list[Event]:
+        return [e for e in self._parser.feed(text) if not isinstance(e, ContentDelta)]
+
+    def finish(self) -> list[Event]:
+        return [e for e in self._parser.finish() if not isinstance(e, ContentDelta)]
 
 
 class _NamedCall(CallExtractor):

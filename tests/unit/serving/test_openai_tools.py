@@ -12,6 +12,7 @@ import pytest
 
 from tensorrtllm_backend.serving.chat.answer import AnswerReader, ChatPlan
 from tensorrtllm_backend.serving.chat.core import check_parser_names
+from tensorrtllm_backend.serving.chat.events import ContentDelta
 from tensorrtllm_backend.serving.chat.output_format import choice_guide, output_constraint
 from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
 from tensorrtllm_backend.serving.chat.tools import (
@@ -233,3 +234,20 @@ def test_tool_parser_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings()  # the registry checks the name when the service starts
     with pytest.raises(ValueError, match="hermes"):
         check_parser_names(settings.tool_parser, settings.reasoning_parser)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['[{"name": ', '[{"name": "get_wea', '[{"name": "get_weather", "arguments": {"city": "Pa'],
+)
+def test_a_forced_call_cut_short_never_leaks_as_content(text: str) -> None:
+    """tool_choice "required" cut by the token limit: no message text, whatever was cut."""
+    result = plan(tools=[WEATHER], tool_choice="required")
+    for step in (1, 3, len(text)):
+        reader = ChatPlan(result).reader()
+        events = []
+        for start in range(0, len(text), step):
+            events += reader.feed(text[start : start + step])
+        events += reader.feed("", final=True)
+        assert not [e for e in events if isinstance(e, ContentDelta)], events
+    assert extract_calls(result, text).content in (None, "")
