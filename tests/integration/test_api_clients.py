@@ -206,11 +206,11 @@ async def test_a_response_in_progress_can_be_cancelled(server: BentoServer) -> N
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "apply_patch"}]}, "tools[0].type"),
         ({"background": True}, "background"),
         ({"input": [{"type": "input_image_call"}]}, "input[0].type"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format"),
         ({"max_output_tokens": 100_000}, "max_output_tokens"),
     ],
