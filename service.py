@@ -48,6 +48,7 @@ from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
 from tensorrtllm_backend.serving.parent_watch import follow_parent, on_stop_signal
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.request_timeout import run_request_timeout_inline
+from tensorrtllm_backend.serving.responses_api.sealing import share_reasoning_key
 from tensorrtllm_backend.serving.runtime import LLMRuntime
 from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
@@ -59,6 +60,7 @@ logger = logging.getLogger("bentoml.trtllm")
 MODEL_TAG = model_tag()
 WORKERS = load_settings().workers
 share_triton_ports(WORKERS)  # in `bentoml serve`'s own process, before it starts the workers
+share_reasoning_key()  # likewise: one key for every worker
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config
 log_server_errors_once()
 run_request_timeout_inline()  # before BentoML's worker builds its app

@@ -161,6 +161,45 @@ def test_responses_answer_with_a_reasoning_item(client: openai.OpenAI) -> None:
     assert [item.type for item in final.output] == ["reasoning", "message"]
 
 
+def test_encrypted_reasoning_round_trips_and_a_changed_blob_is_a_400(
+    client: openai.OpenAI,
+) -> None:
+    """A stateless client (store false, as Codex): the reasoning item comes sealed, with a
+    summary; sent back sealed only, it is the turn's thinking again; changed, it is refused."""
+    first = client.responses.create(
+        model="trtllm-thinking", input=MESSAGES[0]["content"], temperature=0,
+        max_output_tokens=80, store=False, include=["reasoning.encrypted_content"],
+        reasoning={"summary": "auto"},
+    )  # fmt: skip
+    reasoning, message = first.output
+    assert reasoning.encrypted_content and THINKING not in reasoning.encrypted_content
+    assert reasoning.summary[0].text == THINKING
+    sealed_only = {
+        "type": "reasoning",
+        "summary": [],
+        "encrypted_content": reasoning.encrypted_content,
+    }
+    turn = [
+        {"role": "user", "content": MESSAGES[0]["content"]},
+        sealed_only,
+        {"role": "assistant", "content": message.content[0].text},
+        {"role": "user", "content": "And again?"},
+    ]
+    again = client.responses.create(
+        model="trtllm-thinking", input=turn, temperature=0, max_output_tokens=8, store=False
+    )
+    assert again.status in ("completed", "incomplete")
+    blob = reasoning.encrypted_content
+    changed = blob[:-6] + ("A" if blob[-6] != "A" else "B") + blob[-5:]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model="trtllm-thinking", input=[*turn[:1], {**sealed_only, "encrypted_content": changed},
+                                            *turn[2:]],
+            max_output_tokens=8, store=False,
+        )  # fmt: skip
+    assert refused.value.body["param"] == "input[1].encrypted_content"
+
+
 def test_messages_answer_with_a_thinking_block(server: BentoServer) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     greedy = {"extra_body": {"temperature": 0}}

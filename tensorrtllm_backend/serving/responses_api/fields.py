@@ -40,10 +40,11 @@ RESPONSES_FIELDS = FieldTable(
         accepted("stream_options", "OpenAI's stream options change nothing in these events", {}),
         honoured("store", "kept in the worker's memory (TRTLLM_RESPONSES_STORE_BYTES)", False),
         honoured("previous_response_id", "a stored response's conversation continues", None),
-        accepted(
+        honoured(
             "include",
-            '"reasoning.encrypted_content": the reasoning items carry the '
-            "thinking itself; other values are refused",
+            '"reasoning.encrypted_content": reasoning items carry their thinking sealed '
+            "(AES-GCM, TRTLLM_REASONING_KEY) for a stateless client to send back; other "
+            "values are refused",
             ["reasoning.encrypted_content"],
         ),
         mapped(

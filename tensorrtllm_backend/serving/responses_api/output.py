@@ -4,7 +4,7 @@ the text and the part are done, the item is done."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..chat.parts import AnswerParts
@@ -17,19 +17,22 @@ class OutputBuilder(AnswerParts[Event]):
     """Output items: a `reasoning` item for the thinking, a `message` for the text, a
     `function_call` per call; `items` is the output so far. `namespaced`: offered name ->
     (namespace, function) of the functions of namespace tools, whose calls are reported with
-    their namespace; `summary`: reasoning items carry the thinking as their summary too."""
+    their namespace; `summary`: reasoning items carry the thinking as their summary too;
+    `seal`: they carry it encrypted too (:mod:`.sealing`)."""
 
     def __init__(
         self,
         items: list[dict[str, Any]] | None = None,
         namespaced: dict[str, tuple[str, str]] | None = None,
         summary: bool = False,
+        seal: Callable[[str], str] | None = None,
     ) -> None:
         super().__init__()
         self.items: list[dict[str, Any]] = items if items is not None else []
         self.status = "completed"  # of the items closed from now on
         self.namespaced = namespaced or {}
         self.summary = summary
+        self.seal = seal  # reasoning items carry their thinking sealed too
 
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
@@ -81,6 +84,8 @@ class OutputBuilder(AnswerParts[Event]):
             item["content"] = [part]
             if kind == "thinking" and self.summary:
                 item["summary"] = [{"type": "summary_text", "text": text}]
+            if kind == "thinking" and self.seal is not None:
+                item["encrypted_content"] = self.seal(text)
             done = (
                 "response.reasoning_text.done"
                 if kind == "thinking"

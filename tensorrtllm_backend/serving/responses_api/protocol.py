@@ -28,8 +28,7 @@ HOSTED_TOOLS = frozenset(
         "tool_search",
     }
 )  # fmt: skip
-# `include` values this server answers with nothing to add: the reasoning items carry the
-# thinking as plain text (there is nothing to encrypt).
+# `include` values this server answers: reasoning items with their thinking sealed.
 HARMLESS_INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 

@@ -13,6 +13,7 @@ from starlette.routing import Route
 from ...settings import load_settings
 from ..web.endpoints import Endpoints, streaming_response
 from .protocol import ResponsesRequest
+from .sealing import ReasoningSeal, new_key
 from .serving import ResponsesServing
 from .store import ResponseStore
 
@@ -20,11 +21,13 @@ from .store import ResponseStore
 def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -> list[Route]:
     """The routes, relative to `/v1`; `store` defaults to one sized by the settings."""
     responses_store = store if store is not None else ResponseStore.from_settings()
-    hosted_tools = load_settings().hosted_tools
+    settings = load_settings()
+    key = settings.reasoning_key.get_secret_value() if settings.reasoning_key else new_key()
+    seal = ReasoningSeal(key)
     handler = endpoints.handler
 
     def current() -> ResponsesServing:
-        return ResponsesServing(endpoints.core(), responses_store, hosted_tools)
+        return ResponsesServing(endpoints.core(), responses_store, settings.hosted_tools, seal)
 
     async def create(request: Request) -> Response:
         server = current()

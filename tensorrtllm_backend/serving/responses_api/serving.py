@@ -33,7 +33,8 @@ from ..schemas import FinishReason
 from ..web.sse import named_event
 from .conversion import FIELDS, chat_request, namespaced, parse_items, stored_item
 from .output import Event, OutputBuilder
-from .protocol import ResponsesRequest
+from .protocol import InputItem, ReasoningItem, ReasoningText, ResponsesRequest
+from .sealing import ReasoningSeal, new_key
 from .store import ResponseStore, StoredResponse
 
 
@@ -55,15 +56,23 @@ class ResponseRun:
 class ResponsesServing:
     """`/v1/responses`: create (whole or streamed), retrieve, delete, cancel."""
 
-    def __init__(self, core: ChatCore, store: ResponseStore, hosted_tools: str = "omit") -> None:
-        """`hosted_tools`: what OpenAI-side tools get (TRTLLM_HOSTED_TOOLS: omit, reject)."""
+    def __init__(
+        self,
+        core: ChatCore,
+        store: ResponseStore,
+        hosted_tools: str = "omit",
+        seal: ReasoningSeal | None = None,
+    ) -> None:
+        """`hosted_tools`: what OpenAI-side tools get (TRTLLM_HOSTED_TOOLS: omit, reject);
+        `seal`: the deployment's key for encrypted reasoning (one of its own when not given)."""
         self.core = core
         self.store = store
         self.hosted_tools = hosted_tools
+        self.seal = seal or ReasoningSeal(new_key())
 
     async def prepare(self, request: ResponsesRequest, size: int = 0) -> ResponseRun:
         """The response to run (`size`: the request body's bytes)."""
-        new_items = parse_items(request.input)
+        new_items = self._unsealed(parse_items(request.input))
         history: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
             found = self.store.conversation(request.previous_response_id)
@@ -79,11 +88,27 @@ class ResponsesServing:
             self._store(run, self.response(run, "in_progress", []), [])
         return run
 
-    @staticmethod
-    def _builder(run: ResponseRun) -> OutputBuilder:
+    def _unsealed(self, items: list[InputItem]) -> list[InputItem]:
+        """Reasoning items sent back with their encrypted content hold its thinking (a blob
+        this deployment did not seal, or one changed, is a 400)."""
+        opened = list(items)
+        for position, item in enumerate(items):
+            if isinstance(item, ReasoningItem) and item.encrypted_content:
+                try:
+                    thinking = self.seal.open(item.encrypted_content)
+                except ValueError as error:
+                    where = f"input[{position}].encrypted_content"
+                    raise RequestError(f"{where}: {error}", param=where) from None
+                text = ReasoningText(type="reasoning_text", text=thinking)
+                opened[position] = item.model_copy(update={"content": [text]})
+        return opened
+
+    def _builder(self, run: ResponseRun) -> OutputBuilder:
         request = run.request
         summary = request.reasoning is not None and request.reasoning.wants_summary()
-        return OutputBuilder(run.output, namespaced(request.tools), summary)
+        sealed = "reasoning.encrypted_content" in (request.include or ())
+        seal = self.seal.seal if sealed else None
+        return OutputBuilder(run.output, namespaced(request.tools), summary, seal)
 
     def _not_found(self, response_id: str, param: str | None = None) -> RequestError:
         keeps = (
