@@ -29,7 +29,13 @@ import openai
 import pytest
 from conftest import pack  # tests/integration/conftest.py
 
-from tests.thinking_model import ANSWER, MESSAGES, THINKING, build_thinking_checkpoint
+from tests.thinking_model import (
+    ANSWER,
+    MESSAGES,
+    THINKING,
+    build_thinking_checkpoint,
+    thinking_tokenizer,
+)
 
 if TYPE_CHECKING:
     from conftest import BentoServer
@@ -198,6 +204,43 @@ def test_encrypted_reasoning_round_trips_and_a_changed_blob_is_a_400(
             max_output_tokens=8, store=False,
         )  # fmt: skip
     assert refused.value.body["param"] == "input[1].encrypted_content"
+
+
+def test_a_thinking_budget_and_each_effort_cap_the_thinking(
+    client: openai.OpenAI, server: BentoServer
+) -> None:
+    """The thinking takes at most its budget (docs/api.md: low 1/4, medium 1/2 of max_tokens,
+    none at high), then its end marker is written for it and the answer follows."""
+    tokenizer = thinking_tokenizer()
+
+    def tokens(text: str | None) -> int:
+        return len(tokenizer.encode(text or "", add_special_tokens=False))
+
+    capped = chat(client, extra_body={"thinking_budget": 4}).choices[0].message
+    assert THINKING.startswith(capped.reasoning_content) and tokens(capped.reasoning_content) == 4
+    assert capped.content == ANSWER
+    whole, streamed_thinking = capped, ""
+    for chunk in client.chat.completions.create(
+        model="trtllm-thinking", messages=MESSAGES, stream=True, **GREEDY,
+        extra_body={"thinking_budget": 4},
+    ):  # fmt: skip
+        streamed_thinking += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+    assert streamed_thinking == whole.reasoning_content
+    thinking = {
+        effort: chat(client, max_tokens=24, reasoning_effort=effort).choices[0].message
+        for effort in ("low", "medium", "high")
+    }
+    assert {effort: tokens(m.reasoning_content) for effort, m in thinking.items()} == {
+        "low": 6, "medium": 12, "high": 15,
+    }  # fmt: skip
+    assert {m.content for m in thinking.values()} == {ANSWER}
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    message = claude.messages.create(
+        model="trtllm-thinking", max_tokens=80, messages=MESSAGES,
+        thinking={"type": "enabled", "budget_tokens": 5}, extra_body={"temperature": 0},
+    )  # fmt: skip
+    thought, text = message.content
+    assert tokens(thought.thinking) == 5 and text.text == ANSWER
 
 
 def test_messages_answer_with_a_thinking_block(server: BentoServer) -> None:

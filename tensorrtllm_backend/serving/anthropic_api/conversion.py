@@ -141,6 +141,8 @@ def chat_request(request: CountTokensRequest, core: ChatCore) -> ChatRequest:
         )
     if thinking in ("enabled", "disabled") and core.reasoning_format is not None:
         template["enable_thinking"] = thinking == "enabled"
+    if thinking == "enabled" and request.thinking is not None:
+        values["thinking_budget"] = request.thinking.budget_tokens or None
     effort = request.output_config.effort if request.output_config else None
     if effort is not None:
         template["reasoning_effort"] = effort

@@ -36,13 +36,14 @@ MESSAGES_FIELDS = FieldTable(
         mapped("tool_choice", '"any" and "tool": a guide that makes a valid call', None),
         mapped(
             "thinking",
-            "adaptive: the template's default; disabled / enabled: its "
-            "`enable_thinking` (enabled is refused on a model that does not think)",
+            "adaptive: the template's default; disabled / enabled: its `enable_thinking`, and "
+            "enabled's budget_tokens caps the thinking (enabled is refused on a model that "
+            "does not think)",
             {"type": "adaptive"},
         ),
         mapped(
             "output_config",
-            "format: a guide (JSON schema); effort: the chat template's "
+            "format: a guide (JSON schema); effort: a thinking budget (as on chat completions) and the chat template's "
             "`reasoning_effort` variable",
             {"effort": "high"},
         ),

@@ -30,6 +30,8 @@ class ChatPlan:
 
     tools: ToolPlan = field(default_factory=lambda: ToolPlan("none"))
     reasoning: ReasoningPlan | None = None
+    # Tokens the thinking may take before its end marker is written for it (None: no cap).
+    thinking_budget: int | None = None
 
     @property
     def reads_text(self) -> bool:

@@ -24,12 +24,14 @@ from ..request_errors import RequestError
 from ..schemas import MAX_RETURN_SEQUENCES, GuidedDecoding, SamplingParams
 from .answer import ChatPlan, ReasoningPlan
 from .output_format import output_constraint
-from .reasoning import REASONING_FORMATS, reasoning_format
+from .reasoning import REASONING_FORMATS, Opening, reasoning_format
 from .reasoning_guides import guide_after_reasoning
 from .request import ChatRequest, SamplingFields
 from .tool_parsers import FORMATS, detect_format
 from .tools import ToolPlan, history_message, plan_tools
 
+# The share of max_tokens the thinking may take at each reasoning effort (no cap above these).
+EFFORT_BUDGET_SHARE = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 0.5}
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's and Anthropic's: a request without one samples
 CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
 # The fields of the engine's length checks: their refusals are OpenAI's context_length_exceeded.
@@ -285,13 +287,30 @@ class ChatCore:
             request, prompt, params, guide_param, api, size,
             add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP,
         )  # fmt: skip
-        return prepared, ChatPlan(plan, reasoning)
+        budget = None
+        if reasoning is not None and reasoning.opening is not Opening.CONTENT and guide is None:
+            budget = thinking_budget(request, prepared.params.max_tokens)
+        return prepared, ChatPlan(plan, reasoning, budget)
 
     def _reasoning(self, prompt: str) -> ReasoningPlan | None:
         """How the answer to a rendered chat begins, for a model that thinks."""
         if self.reasoning_format is None:
             return None
         return ReasoningPlan(self.reasoning_format, self.reasoning_format.opening(prompt))
+
+
+def thinking_budget(request: ChatRequest, max_tokens: int) -> int | None:
+    """The thinking's cap: the request's own, else its reasoning effort's share of max_tokens
+    (the template's `reasoning_effort` variable; none at high effort or above). A cap that
+    leaves the whole of max_tokens is none. Not with a guide: its grammar already decides where
+    the thinking ends."""
+    budget = request.thinking_budget
+    effort = (request.chat_template_kwargs or {}).get("reasoning_effort")
+    if budget is None and effort in EFFORT_BUDGET_SHARE:
+        budget = int(max_tokens * EFFORT_BUDGET_SHARE[effort])
+    if budget is None or budget >= max_tokens:
+        return None
+    return max(0, budget)
 
 
 def _guide_after_reasoning(

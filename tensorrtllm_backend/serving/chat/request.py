@@ -229,6 +229,9 @@ class ChatRequest(SamplingFields):
     parallel_tool_calls: bool = True
     # Variables of the chat template, e.g. {"enable_thinking": false} (vLLM's extension).
     chat_template_kwargs: dict[str, Any] | None = None
+    # A cap on the thinking's tokens (a model that thinks): its end marker is written for it
+    # when the cap is reached, and the answer follows. Anthropic's thinking.budget_tokens.
+    thinking_budget: int | None = Field(None, ge=1)
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..generation import Generator, PreparedRequest
+from ..ids import new_request_id
 from ..schemas import FinishReason, TopLogProbs
 from .answer import AnswerReader, ChatPlan
 from .events import AnswerEvent, ContentDelta
@@ -57,7 +58,7 @@ class AnswerStep:
         self.cached_tokens = cached_tokens  # prompt tokens found in the KV cache (last step)
 
 
-async def answer_steps(
+def answer_steps(
     generator: Generator,
     prepared: PreparedRequest,
     plan: ChatPlan | None = None,
@@ -69,17 +70,33 @@ async def answer_steps(
     A step is sent when it has text or ends its sequence: tokens whose text is still held back (a
     partial character, a possible stop string) travel with the next text of their sequence.
     Setting `cancelled` stops the generation at its next step; every sequence then ends with
-    CANCELLED.
+    CANCELLED. A plan with a thinking budget answers in two requests when the thinking reaches
+    it (:func:`_budgeted_steps`).
     """
+    if plan is not None and plan.thinking_budget is not None:
+        if prepared.params.num_return_sequences == 1:
+            return _budgeted_steps(generator, prepared, plan, plan.thinking_budget, cancelled)
+    return _steps(generator, prepared, plan, cancelled)
+
+
+async def _steps(
+    generator: Generator,
+    prepared: PreparedRequest,
+    plan: ChatPlan | None,
+    cancelled: asyncio.Event | None,
+    readers: list[AnswerReader] | None = None,
+    finish_readers: bool = True,
+) -> AsyncIterator[AnswerStep]:
+    """:func:`answer_steps` of one request (`readers`: the sequences' own, when they go on
+    reading after it; `finish_readers`: its end is the answer's)."""
     count = prepared.params.num_return_sequences
-    readers: list[AnswerReader] | None = None
-    if plan is not None and plan.reads_text:
+    if readers is None and plan is not None and plan.reads_text:
         readers = [plan.reader() for _ in range(count)]
     content = plan is not None  # read into events; without a reader, the text is all content
 
     def read(index: int, text: str, final: bool) -> Sequence[AnswerEvent]:
         if readers is not None:
-            return readers[index].feed(text, final)
+            return readers[index].feed(text, final and finish_readers)
         return (ContentDelta(text),) if text else ()
 
     pending = [AnswerStep(index) for index in range(count)]
@@ -115,6 +132,59 @@ async def answer_steps(
                     open_sequences.discard(index)
                 yield step
                 pending[index] = AnswerStep(index)
+
+
+async def _budgeted_steps(
+    generator: Generator,
+    prepared: PreparedRequest,
+    plan: ChatPlan,
+    budget: int,
+    cancelled: asyncio.Event | None,
+) -> AsyncIterator[AnswerStep]:
+    """One sequence whose thinking may take `budget` tokens: the engine generates that many; if
+    the thinking has not ended by then, its end marker is written for it, and a second request,
+    the prompt and all so far, generates the rest of max_tokens. A request the thinking ends
+    within, or the answer itself, runs once, as any other."""
+    assert plan.reasoning is not None
+    reader = plan.reader()
+    params = prepared.params
+    texts: list[str] = []
+    token_ids: list[int] = []
+    used = 0
+    if budget > 0:
+        first = replace(prepared, params=params.model_copy(update={"max_tokens": budget}))
+        async with aclosing(_steps(generator, first, plan, cancelled, [reader], False)) as steps:
+            async for step in steps:
+                texts.append(step.text)
+                token_ids += step.token_ids
+                used += step.token_count
+                ended = step.finish_reason
+                if ended is not None and (
+                    ended is not FinishReason.LENGTH or used >= params.max_tokens
+                ):
+                    step.events = [*step.events, *reader.feed("", True)]
+                    yield step
+                    return
+                if ended is not None:  # the budget, not the answer, ended: it goes on
+                    step.finish_reason, step.stop, step.cached_tokens = None, None, 0
+                yield step
+    marker = plan.reasoning.fmt.end if reader.reasoning else ""
+    if marker:
+        yield AnswerStep(0, "", reader.feed(marker))  # the thinking ends here
+    tokenizer = generator.tokenizer
+    rest = PreparedRequest(
+        new_request_id(),
+        prepared.prompt + "".join(texts) + marker,
+        params.model_copy(update={"max_tokens": params.max_tokens - used}),
+        [*prepared.prompt_ids, *token_ids, *tokenizer.encode(marker, add_special_tokens=False)],
+        prepared.api,
+        prepared.lora,
+    )
+    async with aclosing(_steps(generator, rest, plan, cancelled, [reader])) as steps:
+        async for step in steps:
+            if step.finish_reason is not None:  # the prompt's own cache hits only
+                step.cached_tokens = min(step.cached_tokens, len(prepared.prompt_ids))
+            yield step
 
 
 @dataclass(slots=True)

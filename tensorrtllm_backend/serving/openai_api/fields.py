@@ -102,9 +102,16 @@ CHAT_FIELDS = FieldTable(
             {"enable_thinking": False},
         ),
         honoured("add_generation_prompt", "vLLM's extension", True),
+        honoured(
+            "thinking_budget",
+            "an extension: the thinking's tokens at most, its end marker then written for it (a "
+            "model that thinks; not with a guide)",
+            16,
+        ),
         mapped(
             "reasoning_effort",
-            "the chat template's `reasoning_effort` variable (a template without one ignores it)",
+            "the chat template's `reasoning_effort` variable (a template without one ignores "
+            "it), and a thinking budget: none 0, minimal 1/8, low 1/4, medium 1/2 of max_tokens",
             "low",
         ),
         refused(

@@ -49,7 +49,7 @@ RESPONSES_FIELDS = FieldTable(
         ),
         mapped(
             "reasoning",
-            "effort: the chat template's `reasoning_effort` variable; summary: "
+            "effort: the chat template's `reasoning_effort` variable and a thinking budget (as on chat completions); summary: "
             "the thinking, in the reasoning item's summary",
             {"effort": "low"},
         ),
