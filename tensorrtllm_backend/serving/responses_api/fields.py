@@ -53,10 +53,10 @@ RESPONSES_FIELDS = FieldTable(
             "the thinking, in the reasoning item's summary",
             {"effort": "low"},
         ),
-        refused(
+        honoured(
             "truncation",
-            'truncation "auto" is not supported: a prompt longer than the model '
-            'takes is a 400 (send truncation "disabled" or none)',
+            '"auto": the oldest turns are left out until the prompt fits max_input_len (system '
+            'and developer messages stay); "disabled": a prompt too long is a 400',
             "auto",
         ),
         refused("top_logprobs", "log probabilities are not returned on /v1/responses", 2),

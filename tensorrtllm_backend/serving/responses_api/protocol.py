@@ -187,7 +187,7 @@ class ResponsesRequest(BookkeepingFields):
             **(self.model_extra or {}),
             **{k: getattr(self, k) for k in type(self).model_fields},
         }
-        refused = RESPONSES_FIELDS.first_refused(sent, neutral={"truncation": "disabled"})
+        refused = RESPONSES_FIELDS.first_refused(sent)
         if refused is not None:
             return refused
         for include in self.include or []:

@@ -28,6 +28,7 @@ from ..chat.stream import AnswerStep, answer_steps, collect
 from ..chat.usage import TokenCount
 from ..generation import PreparedRequest
 from ..ids import new_id
+from ..offload import INLINE_MAX_CHARS
 from ..request_errors import RequestError
 from ..schemas import FinishReason
 from ..web.sse import named_event
@@ -36,6 +37,7 @@ from .output import Event, OutputBuilder
 from .protocol import InputItem, ReasoningItem, ReasoningText, ResponsesRequest
 from .sealing import ReasoningSeal, new_key
 from .store import ResponseStore, StoredResponse
+from .truncation import fitting_items
 
 
 @dataclass
@@ -80,6 +82,9 @@ class ResponsesServing:
                 raise self._not_found(request.previous_response_id, "previous_response_id")
             history = found
         items = parse_items(history, "previous_response_id") + new_items
+        if request.truncation == "auto":  # renders the prompt a few times: in the pool
+            offloader = self.core.generator.offloader
+            items = await offloader.run(INLINE_MAX_CHARS + 1, self._fitting, request, items)
         chat = chat_request(request, items, self.hosted_tools)
         prepared, plan = await self.core.prepare(chat, size, RESPONSES_LABEL, FIELDS)
         dumped = [stored_item(item) for item in new_items]
@@ -87,6 +92,11 @@ class ResponsesServing:
         if request.store and self.store.enabled:
             self._store(run, self.response(run, "in_progress", []), [])
         return run
+
+    def _fitting(self, request: ResponsesRequest, items: list[InputItem]) -> list[InputItem]:
+        return fitting_items(
+            items, lambda kept: chat_request(request, kept, self.hosted_tools), self.core
+        )
 
     def _unsealed(self, items: list[InputItem]) -> list[InputItem]:
         """Reasoning items sent back with their encrypted content hold its thinking (a blob

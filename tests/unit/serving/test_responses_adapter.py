@@ -125,7 +125,6 @@ def test_text_format_is_the_response_format_unless_a_call_is_forced() -> None:
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "p"}}, "prompt"),
-        ({"truncation": "auto"}, "truncation"),
         ({"include": ["file_search_call.results"]}, "include"),
     ],
 )
@@ -228,3 +227,34 @@ def test_codexs_first_request_is_served() -> None:
     assert (
         "exec_command" in offered and f"multi_agent_v1{NAMESPACE_SEPARATOR}spawn_agent" in offered
     )
+
+
+def test_truncation_auto_leaves_out_the_oldest_turns_only(demo_tokenizer) -> None:
+    from tensorrtllm_backend.serving.chat.core import ChatCore
+    from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+    from tensorrtllm_backend.serving.responses_api.truncation import fitting_items
+    from tensorrtllm_backend.triton.client import TritonLLMClient
+
+    client = TritonLLMClient.__new__(TritonLLMClient)  # never called
+    turns = [{"role": "developer", "content": "Be terse."}]
+    for turn in range(12):
+        turns += [{"role": "user", "content": f"question {turn} " + "x" * 200},
+                  {"role": "assistant", "content": f"answer {turn}"}]  # fmt: skip
+    items = parse_items(turns)
+    parsed = request(truncation="auto")
+
+    def chat(kept: list[Any]) -> Any:
+        return chat_request(parsed, kept)
+
+    full = ChatCore(Generator(client, demo_tokenizer, EngineLimits(100_000, 100_100)), "m")
+    assert fitting_items(items, chat, full) == items  # it fits: nothing is left out
+    size = full.prompt_tokens(chat(items))
+    core = ChatCore(Generator(client, demo_tokenizer, EngineLimits(size // 2, size)), "m")
+    kept = fitting_items(items, chat, core)
+    assert core.prompt_tokens(chat(kept)) <= size // 2
+    assert kept[0] == items[0] and kept[-1] == items[-1]  # the developer message, the last turn
+    first_user = kept[1]
+    assert first_user.role == "user"
+    dropped = items.index(first_user) - 1
+    # The fewest turns: one more would have fit too.
+    assert core.prompt_tokens(chat([items[0], *items[dropped - 1 :]])) > size // 2
