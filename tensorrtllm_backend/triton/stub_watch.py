@@ -9,6 +9,7 @@ itself stays up, so the supervisor, which watches tritonserver's exit, would not
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 # The kernel keeps 15 characters of an executable's name; a zombie has no command line left.
@@ -28,12 +29,20 @@ def _stat(pid_dir: Path) -> tuple[str, str, int] | None:
     return head.partition("(")[2], fields[0], int(fields[1])
 
 
-def _model_of(pid_dir: Path) -> str:
-    """The model a live stub serves: its first argument is <repository>/<model>/<version>/model.py."""
-    try:
-        arguments = (pid_dir / "cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
+def _model_of(pid_dir: Path, tries: int = 50) -> str:
+    """The model a live stub serves: its first argument is <repository>/<model>/<version>/model.py.
+
+    A process caught in exec has its new name before its new command line (the kernel sets the
+    arguments' place after the name): an empty command line is read again, a few times."""
+    for _ in range(tries):
+        try:
+            raw = (pid_dir / "cmdline").read_bytes()
+        except OSError:
+            return "?"
+        if raw:
+            break
+        time.sleep(0.002)
+    arguments = raw.split(b"\0")
     parts = Path(arguments[1].decode(errors="replace")).parts if len(arguments) > 1 else ()
     return parts[-3] if len(parts) >= 3 else "?"
 
