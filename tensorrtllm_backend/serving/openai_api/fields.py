@@ -135,7 +135,12 @@ COMPLETIONS_FIELDS = FieldTable(
     [
         honoured("prompt", "one prompt, a string", None),
         *_sampling(),
-        honoured("echo", "the prompt before the answer", True),
+        honoured(
+            "echo",
+            "the prompt before the answer; with logprobs it is refused: the prompt tokens' log "
+            "probs are not computed here, and an evaluation harness would read wrong numbers",
+            True,
+        ),
         honoured("logprobs", "up to 5 alternatives, in the legacy shape", 1),
         honoured("best_of", "the n most likely of best_of sequences (not streamed)", None),
         refused("suffix", "suffix is not supported", "end"),

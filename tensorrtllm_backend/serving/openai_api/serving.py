@@ -46,6 +46,14 @@ class OpenAIServing(StreamRenderer):
         """The core request of a completion (`size`: the request body's bytes)."""
         if request.suffix:
             raise RequestError("suffix is not supported", param="suffix")
+        if request.echo and request.logprobs is not None:
+            # Log probs of the generated tokens only, under an echoed prompt, read as the
+            # prompt's by lm-evaluation-harness: every loglikelihood would come out 0.
+            raise RequestError(
+                "echo with logprobs asks for the prompt tokens' log probs, which this server does "
+                "not compute yet: send echo or logprobs, not both",
+                param="echo",
+            )
         candidates = request.candidates
         _check_best_of(request, candidates)
         constraint = output_constraint(request)

@@ -60,3 +60,24 @@ def test_best_of_keeps_the_most_likely_sequences_best_first() -> None:
     ]
     assert [s.text for s in best_sequences(sequences, 2)] == ["3", "1"]
     assert best_sequences(sequences, 4) == sequences
+
+
+async def test_echo_with_logprobs_is_refused_not_answered_with_the_wrong_numbers(
+    demo_tokenizer,
+) -> None:
+    """Prompt log probs are not computed: lm-evaluation-harness's loglikelihood requests (echo,
+    logprobs, max_tokens 1) get a 400, not generated tokens' log probs under an echoed prompt."""
+    from tensorrtllm_backend.serving.chat.core import ChatCore
+    from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+    from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
+    from tensorrtllm_backend.serving.request_errors import RequestError
+    from tensorrtllm_backend.triton.client import TritonLLMClient
+
+    client = TritonLLMClient.__new__(TritonLLMClient)  # never called: refused before
+    serving = OpenAIServing(ChatCore(Generator(client, demo_tokenizer, EngineLimits(64, 128)), "m"))
+    request = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "The cat", "echo": True, "logprobs": 1, "max_tokens": 1}
+    )
+    with pytest.raises(RequestError, match="prompt tokens' log probs") as refused:
+        await serving.prepare_completion(request)
+    assert refused.value.param == "echo" and refused.value.status == 400
