@@ -5,8 +5,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 python="${PYTHON:-python3}"
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-  echo "bootstrap: Python >= 3.10 is required (found $("$python" --version 2>&1))" >&2
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "bootstrap: Python >= 3.11 is required (found $("$python" --version 2>&1))" >&2
   exit 1
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv

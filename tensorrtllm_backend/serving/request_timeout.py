@@ -13,7 +13,6 @@ app; BentoCloud still reads `traffic.timeout` as before.
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from bentoml._internal.server.http import traffic
 from starlette.responses import JSONResponse
@@ -56,7 +55,5 @@ class InlineTimeoutMiddleware(_BENTOML_TIMEOUT):  # type: ignore[misc,valid-type
 
 
 def run_request_timeout_inline() -> None:
-    """Have BentoML build its workers' apps with InlineTimeoutMiddleware (Python >= 3.11; on
-    3.10 BentoML's own middleware stays)."""
-    if sys.version_info >= (3, 11):
-        traffic.TimeoutMiddleware = InlineTimeoutMiddleware  # type: ignore[misc]
+    """Have BentoML build its workers' apps with InlineTimeoutMiddleware."""
+    traffic.TimeoutMiddleware = InlineTimeoutMiddleware  # type: ignore[misc]
