@@ -20,7 +20,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from tensorrtllm_backend.common.engine_config import (
     check_runtime_compatibility,
     runtime_version_for_image,
 )
+from tensorrtllm_backend.packing.cpu_engine_pack import CPU_LIMITS, build_cpu_engine
 from tensorrtllm_backend.packing.engine_packing import (
     TOKENIZER_FILES,
     PackError,
@@ -48,7 +48,6 @@ DEFAULT_NAMES = {
     "demo": "trtllm-demo", "synthetic": "trtllm-synthetic", "scripted": "trtllm-scripted"
 }  # fmt: skip
 LLMAPI_DEMO_NAMES = {"demo": "trtllm-llmapi-demo", "synthetic": "trtllm-llmapi-synthetic"}
-CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
 
 
 def _parse_pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -240,69 +239,6 @@ def _options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
-def _cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, str]:
-    """Build the CPU engine dir for --demo/--hf-model/--synthetic: (engine dir, tokenizer, source)."""
-    from tensorrtllm_backend.common.cpu_engine_config import write_engine_dir
-    from tensorrtllm_backend.common.tokenization import load_tokenizer
-
-    limits = {
-        key: getattr(args, key) if getattr(args, key) is not None else default
-        for key, default in CPU_LIMITS.items()
-    }
-    if limits["max_seq_len"] <= limits["max_input_len"]:
-        raise PackError("--max-seq-len must be larger than --max-input-len")
-    if args.demo:
-        from tensorrtllm_backend.packing.demo import build_demo_checkpoint
-
-        checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
-        source = "demo"
-    elif args.hf_model is not None:
-        checkpoint = args.hf_model
-        if not checkpoint.is_dir():
-            raise PackError(f"--hf-model {checkpoint} is not a directory")
-        if not (checkpoint / "config.json").is_file():
-            raise PackError(f"--hf-model {checkpoint} has no config.json: not a HF checkpoint")
-        source = "hf"
-    else:
-        checkpoint = None
-        source = "scripted" if args.scripted else "synthetic"
-    tokenizer_dir = args.tokenizer_dir or checkpoint
-    if tokenizer_dir is None:
-        # The synthetic engine emits ids only; the demo tokenizer turns them into text.
-        from tensorrtllm_backend.packing.demo import build_demo_checkpoint
-
-        tokenizer_dir = build_demo_checkpoint(scratch / "demo-checkpoint")
-    if not Path(tokenizer_dir).is_dir():
-        raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
-    try:
-        tokenizer = load_tokenizer(tokenizer_dir)
-    except Exception as error:
-        raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
-    engine_dir = scratch / "engine"
-    if checkpoint is not None:
-        config = json.loads((checkpoint / "config.json").read_text())
-        write_engine_dir(
-            engine_dir, mode="hf", checkpoint_dir=checkpoint,
-            vocab_size=int(config.get("vocab_size") or len(tokenizer)),
-            eos_token_id=int(tokenizer.eos_token_id),
-            architecture=(config.get("architectures") or ["CausalLM"])[0],
-            device=args.device, **limits,
-        )  # fmt: skip
-    elif source == "scripted":
-        write_engine_dir(
-            engine_dir, mode="scripted", checkpoint_dir=tokenizer_dir, vocab_size=len(tokenizer),
-            eos_token_id=int(tokenizer.eos_token_id), ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
-            **limits,
-        )  # fmt: skip
-    else:
-        write_engine_dir(
-            engine_dir, mode="synthetic", vocab_size=len(tokenizer),
-            eos_token_id=int(tokenizer.eos_token_id), ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
-            **limits,
-        )  # fmt: skip
-    return engine_dir, Path(tokenizer_dir), source
-
-
 def describe(pack: PackPlan) -> str:
     engine = pack.engine
     lines = [
@@ -416,7 +352,7 @@ def _synthetic_checkpoint(args: argparse.Namespace, scratch: Path) -> Path:
     demo tokenizer beside it (the LLM API reads the tokenizer from the model's directory)."""
     import shutil
 
-    engine_dir, tokenizer_dir, _source = _cpu_engine(args, scratch)
+    engine_dir, tokenizer_dir, _source = build_cpu_engine(args, scratch)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file() and name != "config.json":
             shutil.copy(tokenizer_dir / name, engine_dir / name)
@@ -439,7 +375,7 @@ def run(args: argparse.Namespace) -> str | None:
                 raise PackError("--engine-dir needs --tokenizer-dir (the model's HF tokenizer)")
             engine_dir, tokenizer_dir, source = args.engine_dir, args.tokenizer_dir, "engine"
         else:
-            engine_dir, tokenizer_dir, source = _cpu_engine(args, scratch)
+            engine_dir, tokenizer_dir, source = build_cpu_engine(args, scratch)
         name = args.name or DEFAULT_NAMES.get(source) or _default_name(engine_dir, args)
         pack = plan(
             name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,

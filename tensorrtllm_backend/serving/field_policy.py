@@ -56,6 +56,27 @@ def refused(name: str, note: str, example: Any = None) -> Rule:
     return Rule(name, Policy.REFUSED, note, example)
 
 
+# Values the tests send for fields many APIs share (what a client would).
+EXAMPLES: dict[str, Any] = {
+    "model": "MODEL", "temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 7, "stream": False,
+    "min_tokens": 1, "repetition_penalty": 1.1, "ignore_eos": True,
+    "chat_template_kwargs": {"enable_thinking": False}, "metadata": {"k": "v"}, "user": "u1",
+    "service_tier": "auto", "safety_identifier": "s1",
+}  # fmt: skip
+SERVED_MODEL = honoured("model", "the served model, or one of its LoRA adapters by name", "MODEL")
+
+
+def as_documented(*names: str, note: str = "") -> list[Rule]:
+    """Fields honoured as their API documents them (`note`: what they are here, if anything)."""
+    return [honoured(name, note, EXAMPLES.get(name)) for name in names]
+
+
+def bookkeeping(owner: str, *names: str) -> list[Rule]:
+    """Fields of bookkeeping for the API owner's own service."""
+    note = f"bookkeeping for {owner}'s own service: nothing in it changes an answer"
+    return [accepted(name, note, EXAMPLES.get(name)) for name in names]
+
+
 class FieldTable:
     """The policy of one API's request fields."""
 

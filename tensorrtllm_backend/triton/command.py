@@ -93,6 +93,15 @@ class TritonServerConfig:
     auto_complete_config: bool = False
 
 
+def choose_ports(config: TritonServerConfig) -> TritonPorts:
+    """The ports of a start: the configured ones, free ones for the others."""
+    return TritonPorts(
+        grpc=config.grpc_port or find_free_port(),
+        http=config.http_port or find_free_port(),
+        metrics=config.metrics_port or find_free_port(),
+    )
+
+
 def find_free_port() -> int:
     """A currently free loopback TCP port (the OS picks; a race is retried by the caller)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from .install import TritonModelLoadError
 
 _FAILURES = (
     re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?P<reason>.+)"),
@@ -97,3 +100,30 @@ def log_tail(path: Path, lines: int = 40) -> str:
     tail = body[-lines:]
     picked = [line for line in errors[-10:] if line not in tail]
     return "\n".join([*picked, *(["..."] if picked else []), *tail])
+
+
+def log_excerpt(path: Path) -> str:
+    """The end of Triton's log, introduced, for an error message."""
+    return f"Last lines of its log ({path}):\n{log_tail(path)}"
+
+
+def raise_if_a_model_failed(process: subprocess.Popen[bytes], log_path: Path) -> None:
+    """TritonModelLoadError when the log shows models that failed to load for good (a start
+    again would fail the same way)."""
+    failures = deterministic_failures(read_load_failures(log_path))
+    if not failures:
+        return
+    try:  # tritonserver normally exits on its own right after: let its log end
+        code: int | None = process.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        code = None
+    what = (
+        "tritonserver is not ready"
+        if code is None
+        else f"tritonserver exited with code {code} before it was ready"
+    )
+    reasons = "\n".join(f"- {failure}" for failure in failures)
+    raise TritonModelLoadError(
+        f"{what}: {len(failures)} model(s) failed to load, and starting again would fail the "
+        f"same way:\n{reasons}\n{log_excerpt(log_path)}"
+    )

@@ -34,7 +34,7 @@ from .command import (
     TritonPorts,
     TritonServerConfig,
     build_command,
-    find_free_port,
+    choose_ports,
     port_free,
     probe_ready,
     tritonserver_environment,
@@ -43,13 +43,13 @@ from .command import (
 from .install import (
     TritonError,
     TritonInstallation,
-    TritonModelLoadError,
     TritonSetupError,
     TritonStartupError,
     default_cache_root,
     find_tritonserver,
 )
-from .load_failures import deterministic_failures, log_tail, read_load_failures
+from .load_failures import log_excerpt, log_tail, raise_if_a_model_failed
+from .process_group import terminate_group
 from .stub_python import (
     Interpreter,
     StubPython,
@@ -320,7 +320,7 @@ class TritonSupervisor(TritonEndpoints):
         )
         attempts = 1 if pinned else 3
         if pinned and self._ports is None:
-            busy = [port for port in astuple(self._choose_ports()) if not port_free(port)]
+            busy = [port for port in astuple(choose_ports(self.config)) if not port_free(port)]
             if busy:  # fail now, not after Triton has spent its start-up loading models
                 raise TritonStartupError(
                     f"loopback port(s) {busy} already in use: free them or change "
@@ -330,7 +330,7 @@ class TritonSupervisor(TritonEndpoints):
         for attempt in range(attempts):
             # Keep the ports across restarts so clients reconnect to the same address.
             if attempt or self._ports is None:
-                self._ports = self._choose_ports()
+                self._ports = choose_ports(self.config)
             run = self._spawn(self._ports)
             try:
                 self._wait_until_ready(run)
@@ -347,13 +347,6 @@ class TritonSupervisor(TritonEndpoints):
             return
         assert last_error is not None
         raise last_error
-
-    def _choose_ports(self) -> TritonPorts:
-        return TritonPorts(
-            grpc=self.config.grpc_port or find_free_port(),
-            http=self.config.http_port or find_free_port(),
-            metrics=self.config.metrics_port or find_free_port(),
-        )
 
     def _environment(self, installation: TritonInstallation) -> dict[str, str]:
         env = tritonserver_environment(installation, self.config.python_paths)
@@ -413,14 +406,14 @@ class TritonSupervisor(TritonEndpoints):
                 raise TritonStartupError("stopped while tritonserver was starting")
             code = run.process.poll()
             if code is not None:
-                self._raise_if_a_model_failed(run)
+                raise_if_a_model_failed(run.process, run.log_path)
                 raise TritonStartupError(
                     f"tritonserver exited with code {code} before it was ready. "
-                    f"Last lines of its log ({run.log_path}):\n{log_tail(run.log_path)}"
+                    f"{log_excerpt(run.log_path)}"
                 )
             polls += 1
             if polls % 5 == 0:  # a failed model may leave tritonserver up (explicit loading)
-                self._raise_if_a_model_failed(run)
+                raise_if_a_model_failed(run.process, run.log_path)
             if probe_ready(run.ports, timeout=1.0):
                 logger.info(
                     "tritonserver ready in %.1f s (grpc %s:%d)",
@@ -432,43 +425,12 @@ class TritonSupervisor(TritonEndpoints):
             time.sleep(0.2)
         raise TritonStartupError(
             f"tritonserver was not ready after {self.config.startup_timeout_s:.0f} s. "
-            f"Last lines of its log ({run.log_path}):\n{log_tail(run.log_path)}"
+            f"{log_excerpt(run.log_path)}"
         )
-
-    @staticmethod
-    def _raise_if_a_model_failed(run: _Run) -> None:
-        failures = deterministic_failures(read_load_failures(run.log_path))
-        if failures:
-            try:  # tritonserver normally exits on its own right after: let its log end
-                code: int | None = run.process.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                code = None
-            what = (
-                "tritonserver is not ready"
-                if code is None
-                else f"tritonserver exited with code {code} before it was ready"
-            )
-            reasons = "\n".join(f"- {failure}" for failure in failures)
-            raise TritonModelLoadError(
-                f"{what}: {len(failures)} model(s) failed to load, and starting again would "
-                f"fail the same way:\n{reasons}\n"
-                f"Last lines of its log ({run.log_path}):\n{log_tail(run.log_path)}"
-            )
 
     def _terminate(self, run: _Run, timeout_s: float) -> None:
         """SIGTERM the process group, SIGKILL it after a grace period; always reap."""
-        process = run.process
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("tritonserver did not exit after SIGTERM; killing its process group")
-        # Python stubs share the group: kill whatever is left even if tritonserver itself exited.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
+        terminate_group(run.process, timeout_s)
         if self._run is run:
             self._run = None
 

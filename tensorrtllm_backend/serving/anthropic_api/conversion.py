@@ -156,13 +156,10 @@ def chat_request(request: CountTokensRequest, core: ChatCore) -> ChatRequest:
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": output.json_schema},
         }
-    if isinstance(request, MessagesRequest):
-        values.update(
-            max_completion_tokens=request.max_tokens,
-            stop=request.stop_sequences,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            stream=request.stream,
-        )
+    if isinstance(request, MessagesRequest):  # count_tokens sends no sampling fields
+        values |= {
+            "max_completion_tokens": request.max_tokens, "stop": request.stop_sequences,
+            "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
+            "stream": request.stream,
+        }  # fmt: skip
     return to_chat(values, FIELDS)

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..web.endpoints import Endpoints, streaming_response
+from ..web.endpoints import Endpoints, create_endpoint
 from .messages import MessagesServing
 from .protocol import CountTokensRequest, MessagesRequest
 
@@ -20,14 +20,7 @@ def messages_routes(endpoints: Endpoints) -> list[Route]:
     def current() -> MessagesServing:
         return MessagesServing(endpoints.core())
 
-    async def create(request: Request) -> Response:
-        server = current()
-        parsed, size = await endpoints.parse(request, server.core, MessagesRequest)
-        assert isinstance(parsed, MessagesRequest)
-        run = await server.prepare(parsed, size)
-        if parsed.stream:
-            return await streaming_response(server.stream(run), server.core.stream_interval)
-        return JSONResponse(await server.create(run))
+    create = create_endpoint(endpoints, MessagesRequest, current)
 
     async def count_tokens(request: Request) -> Response:
         server = current()

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...settings import load_settings
-from ..web.endpoints import Endpoints, streaming_response
+from ..web.endpoints import Endpoints, create_endpoint
 from .protocol import ResponsesRequest
 from .sealing import ReasoningSeal, new_key
 from .serving import ResponsesServing
@@ -29,14 +29,7 @@ def responses_routes(endpoints: Endpoints, store: ResponseStore | None = None) -
     def current() -> ResponsesServing:
         return ResponsesServing(endpoints.core(), responses_store, settings.hosted_tools, seal)
 
-    async def create(request: Request) -> Response:
-        server = current()
-        parsed, size = await endpoints.parse(request, server.core, ResponsesRequest)
-        assert isinstance(parsed, ResponsesRequest)
-        run = await server.prepare(parsed, size)
-        if parsed.stream:
-            return await streaming_response(server.stream(run), server.core.stream_interval)
-        return JSONResponse(await server.create(run))
+    create = create_endpoint(endpoints, ResponsesRequest, current)
 
     def response_id(request: Request) -> str:
         return str(request.path_params["response_id"])

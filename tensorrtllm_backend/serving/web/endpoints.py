@@ -15,11 +15,12 @@ import logging
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 import pydantic_core
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Match
 
 from ...common.engine_api import EngineError, EngineUnavailableError
@@ -130,6 +131,35 @@ class Endpoints:
                 return error_response(error, request.url.path)
 
         return endpoint
+
+
+class RunServer(Protocol):
+    """An API's server of runs: a request prepared into a run, answered streamed or whole."""
+
+    core: ChatCore
+
+    async def prepare(self, request: Any, size: int) -> Any: ...
+
+    def stream(self, run: Any) -> AsyncIterator[str]: ...
+
+    async def create(self, run: Any) -> dict[str, Any]: ...
+
+
+def create_endpoint(
+    endpoints: Endpoints, model: type[BaseModel], current: Callable[[], RunServer]
+) -> Endpoint:
+    """`POST` of an API whose body is `model` (with a `stream` field): the run that `current()`'s
+    server prepares, streamed or whole."""
+
+    async def create(request: Request) -> Response:
+        server = current()
+        parsed, size = await endpoints.parse(request, server.core, model)
+        run = await server.prepare(parsed, size)
+        if getattr(parsed, "stream", False):
+            return await streaming_response(server.stream(run), server.core.stream_interval)
+        return JSONResponse(await server.create(run))
+
+    return create
 
 
 async def no_route(request: Request) -> Response:

@@ -1,0 +1,84 @@
+"""The CPU stand-in engine pack_model.py packs (--demo, --hf-model, --synthetic, --scripted): its
+engine directory, built at pack time, and the tokenizer that goes with it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from ..common.cpu_engine_config import write_engine_dir
+from ..common.tokenization import load_tokenizer
+from .engine_packing import TOKENIZER_FILES, PackError
+
+# The CPU engine's limits unless pack_model.py is given others.
+CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
+
+
+def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, str]:
+    """Build the CPU engine dir in `scratch` for pack_model.py's --demo, --hf-model,
+    --synthetic or --scripted (its parsed `args`): (engine dir, tokenizer dir, source)."""
+
+    limits = {
+        key: getattr(args, key) if getattr(args, key) is not None else default
+        for key, default in CPU_LIMITS.items()
+    }
+    if limits["max_seq_len"] <= limits["max_input_len"]:
+        raise PackError("--max-seq-len must be larger than --max-input-len")
+    if args.demo:
+        from .demo import build_demo_checkpoint
+
+        checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
+        source = "demo"
+    elif args.hf_model is not None:
+        checkpoint = args.hf_model
+        if not checkpoint.is_dir():
+            raise PackError(f"--hf-model {checkpoint} is not a directory")
+        if not (checkpoint / "config.json").is_file():
+            raise PackError(f"--hf-model {checkpoint} has no config.json: not a HF checkpoint")
+        source = "hf"
+    else:
+        checkpoint = None
+        source = "scripted" if args.scripted else "synthetic"
+    tokenizer_dir = args.tokenizer_dir or checkpoint
+    if tokenizer_dir is None:
+        # The synthetic engine emits ids only; the demo tokenizer turns them into text.
+        from .demo import build_demo_checkpoint
+
+        tokenizer_dir = build_demo_checkpoint(scratch / "demo-checkpoint")
+    if not Path(tokenizer_dir).is_dir():
+        raise PackError(f"tokenizer directory {tokenizer_dir} does not exist")
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as error:
+        raise PackError(f"cannot load the tokenizer in {tokenizer_dir}: {error}") from error
+    engine_dir = scratch / "engine"
+    if checkpoint is not None:
+        config = json.loads((checkpoint / "config.json").read_text())
+        write_engine_dir(
+            engine_dir, mode="hf", checkpoint_dir=checkpoint,
+            vocab_size=int(config.get("vocab_size") or len(tokenizer)),
+            eos_token_id=int(tokenizer.eos_token_id),
+            architecture=(config.get("architectures") or ["CausalLM"])[0],
+            device=args.device, **limits,
+        )  # fmt: skip
+    elif source == "scripted":
+        # The scripted engine reads and writes text with the tokenizer alone: no weights.
+        scripted = scratch / "scripted-tokenizer"
+        scripted.mkdir()
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_dir) / name).is_file():
+                shutil.copy(Path(tokenizer_dir) / name, scripted / name)
+        write_engine_dir(
+            engine_dir, mode="scripted", checkpoint_dir=scripted, vocab_size=len(tokenizer),
+            eos_token_id=int(tokenizer.eos_token_id), ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            **limits,
+        )  # fmt: skip
+    else:
+        write_engine_dir(
+            engine_dir, mode="synthetic", vocab_size=len(tokenizer),
+            eos_token_id=int(tokenizer.eos_token_id), ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            **limits,
+        )  # fmt: skip
+    return engine_dir, Path(tokenizer_dir), source
