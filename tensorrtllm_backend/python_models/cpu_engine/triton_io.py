@@ -15,13 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from ..request_error import RequestError
 from .request import SamplingParams, parse_word_list
 
 MAX_TOP_LOG_PROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
-
-
-class RequestError(ValueError):
-    """A request the engine rejects; reported to that request only."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,8 @@ from ..cpu_engine.loading import EngineGuides, make_backend
 from ..cpu_engine.request import Chunk, FinishReason, GenRequest, SamplingParams, TopLogprobs
 from ..cpu_engine.scheduler import Scheduler
 from ..cpu_engine.triton_io import split_sequences
-from .engine import EngineRequest, PerfMetrics, RequestError, Sampling, SequenceStep, Step
+from ..request_error import RequestError
+from .engine import EngineRequest, PerfMetrics, Sampling, SequenceStep, Step
 from .settings import ModelSettings, checkpoint_dir
 
 DEFAULT_MAX_BATCH_SIZE = 64

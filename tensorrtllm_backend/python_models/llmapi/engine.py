@@ -19,10 +19,6 @@ FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "not_finished")
 """CompletionOutput.finish_reason's values (None while a sequence runs)."""
 
 
-class RequestError(ValueError):
-    """A request the model or its engine rejects: an error of that request, never the model's."""
-
-
 @dataclass(frozen=True, slots=True)
 class Guide:
     """A guided-decoding constraint with the C++ backend's type names (`json` without a guide:

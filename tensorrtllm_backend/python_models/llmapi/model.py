@@ -21,9 +21,10 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from ..cpu_engine.triton_metrics import MetricsPublisher
+from ..request_error import RequestError
 from ..stub_guard import start_orphan_guard, stop_orphan_guard
 from ..stub_settings import cpu_engine_grace_s, llmapi_impl
-from .engine import Generation, LlmEngine, RequestError, Step
+from .engine import Generation, LlmEngine, Step
 from .settings import ModelSettings, read_model_settings
 from .tensors import (
     ParsedRequest,

@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from ..cpu_engine.triton_io import guide_of
+from ..request_error import RequestError
 from .engine import (
     EngineRequest,
     Guide,
     LoraSpec,
     PerfMetrics,
-    RequestError,
     Sampling,
     SequenceStep,
     Step,

@@ -20,6 +20,7 @@ import tensorrt_llm
 from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
+from ..request_error import RequestError
 from . import engine
 from .settings import ModelSettings
 
@@ -130,7 +131,7 @@ class TrtllmEngine:
     def generate(self, request: engine.EngineRequest) -> TrtllmGeneration:
         if request.sampling.guide is not None and self._settings.guided_decoding_backend is None:
             # The LLM API would drop the guide without a word.
-            raise engine.RequestError(
+            raise RequestError(
                 "guided decoding is off for this model: model.yaml sets no "
                 "guided_decoding_backend (pack it with guided_decoding_backend: xgrammar)"
             )
@@ -138,7 +139,7 @@ class TrtllmEngine:
             params = sampling_params(request.sampling)
             lora = lora_request(request.lora) if request.lora is not None else None
         except (ValueError, TypeError) as error:  # SamplingParams / LoRARequest validation
-            raise engine.RequestError(str(error)) from None
+            raise RequestError(str(error)) from None
         prompt = request.prompt
         inputs = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
         output = self._llm.generate_async(
@@ -229,13 +230,13 @@ def _logprobs(
             chosen.append(float(entry))
             top.append(([], []))
     if len(chosen) < len(tokens):
-        raise engine.RequestError(
+        raise RequestError(
             f"the engine returned log probs for {len(chosen)} of {len(tokens)} tokens"
         )
     if k == 0:
         return chosen, None
     if any(len(ids) < k for ids, _ in top):
-        raise engine.RequestError(
+        raise RequestError(
             f"the engine returned fewer than the {k} alternatives asked for per token "
             "(this TensorRT-LLM path returns the chosen token's log prob only)"
         )

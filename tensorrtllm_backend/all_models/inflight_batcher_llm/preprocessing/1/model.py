@@ -25,13 +25,10 @@ from tensorrtllm_backend.python_models.bls.params import (
     parse_bool,
     resolve_model_path,
 )
+from tensorrtllm_backend.python_models.request_error import RequestError
 from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard
 
 _UNSUPPORTED_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES")
-
-
-class RequestError(ValueError):
-    """A problem with one request: becomes that request's error response."""
 
 
 def _optional(request, name: str) -> np.ndarray | None:

@@ -36,15 +36,12 @@ from tensorrtllm_backend.python_models.bls.pipeline import (
     UNSUPPORTED_INPUTS,
     TextStream,
 )
+from tensorrtllm_backend.python_models.request_error import RequestError
 from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard
 
 PREPROCESSING_MODEL = "preprocessing"
 CANCEL_POLL_INTERVAL_S = 0.05  # is_cancelled() is an IPC round trip: not on every token
 MAX_WORKERS = 256  # concurrent streams per instance; more wait for a free worker
-
-
-class RequestError(ValueError):
-    """A problem with the client's request: its message goes back as the error response."""
 
 
 def _input(request, name: str) -> np.ndarray | None:
