@@ -54,12 +54,15 @@ def test_every_declared_field_is_in_its_table(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "rule"),
-    [(name, rule) for name, table in TABLES.items() for rule in top_level(table)],
+    [
+        (name, rule)
+        for name, table in TABLES.items()
+        for rule in top_level(table)
+        if rule.example is not None  # the others have tests of their own
+    ],
     ids=lambda value: value if isinstance(value, str) else value.name,
 )
 def test_each_example_is_taken_or_refused_as_its_table_says(name: str, rule: Rule) -> None:
-    if rule.example is None:
-        pytest.skip(f"{rule.name} has no example (its own tests cover it)")
     request = with_example(name, rule)
     refused = request.unsupported()  # type: ignore[attr-defined]
     if rule.policy is Policy.REFUSED:
