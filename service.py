@@ -29,6 +29,7 @@ from tensorrtllm_backend.serving.deployment import (
     log_server_errors_once,
     model_tag,
     resources,
+    settle_workers,
     share_triton_ports,
     tracing_config,
     traffic,
@@ -58,7 +59,7 @@ from tensorrtllm_backend.triton.install import TritonSetupError
 logger = logging.getLogger("bentoml.trtllm")
 
 MODEL_TAG = model_tag()
-WORKERS = load_settings().workers
+WORKERS = settle_workers()  # TRTLLM_WORKERS, or a worker per 4 cores (1 to 8)
 share_triton_ports(WORKERS)  # in `bentoml serve`'s own process, before it starts the workers
 share_reasoning_key()  # likewise: one key for every worker
 lengthen_keep_alive()  # before BentoML's worker builds its uvicorn.Config

@@ -17,7 +17,7 @@ from typing import Any
 import bentoml
 
 from ..common.model_store import FORMAT
-from ..settings import PORT_ENVS, SHARED_DIR_ENV, load_settings
+from ..settings import PORT_ENVS, SHARED_DIR_ENV, env_name, load_settings
 from ..triton.command import find_free_port
 from .apis import streaming_paths
 from .parent_watch import is_bentoml_serve
@@ -140,6 +140,14 @@ def log_server_errors_once() -> None:
     shared = set(server_errors.handlers) & set(logging.getLogger().handlers)
     if server_errors.propagate and shared:
         server_errors.propagate = False
+
+
+def settle_workers() -> int:
+    """The number of HTTP workers (TRTLLM_WORKERS, or the host's default), written to the
+    environment so that every worker, which reads its settings itself, counts the same."""
+    workers = load_settings().workers
+    os.environ[env_name("workers")] = str(workers)
+    return workers
 
 
 def share_triton_ports(workers: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -97,3 +98,15 @@ def test_the_api_key_is_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings()
     assert "s3cret" not in repr(settings)
     assert settings.api_key is not None and settings.api_key.get_secret_value() == "s3cret"
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 8)])
+def test_the_default_workers_follow_the_cores(
+    monkeypatch: pytest.MonkeyPatch, cores: int, workers: int
+) -> None:
+    """A worker per 4 cores this process may run on, 1 to 8 (docs/configuration.md)."""
+    monkeypatch.delenv("TRTLLM_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert load_settings().workers == workers
+    monkeypatch.setenv("TRTLLM_WORKERS", "3")
+    assert load_settings().workers == 3
