@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'met' if met else 'NOT met'} ({ratio:.3f}x)")  # fmt: skip
     result = {
         "benchmark": "guided",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "schema": SCHEMA,

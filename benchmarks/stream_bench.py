@@ -625,7 +625,7 @@ def report(run: Run, started: float) -> dict[str, Any]:
     for note in run.notes:
         print(f"note: {note}")
     return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
