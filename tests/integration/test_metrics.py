@@ -4,6 +4,7 @@ real `bentoml serve` of the demo model, every generation metric moved by exactly
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,10 @@ def total(samples: Counter, name: str) -> float:
     return sum(v for (n, _), v in samples.items() if n == name)
 
 
+LONG_STREAM = 500  # tokens: the test model takes 512 with the prompt
+NATIVE = (("api", "native"),)
+
+
 def test_generation_metrics_move_by_what_was_served(demo_server: BentoServer) -> None:
     url = demo_server.url
     before = scrape(demo_server)
@@ -58,16 +63,28 @@ def test_generation_metrics_move_by_what_was_served(demo_server: BentoServer) ->
         assert result["usage"]["completion_tokens"] == max_tokens
         native_prompt += result["usage"]["prompt_tokens"]
         native_tokens += max_tokens
+    # The gauge is read over and over while a long stream runs: on a fast machine its whole
+    # generation can end before a single read after its first chunk.
+    in_flight: list[float] = []
+    streaming = threading.Event()
+
+    def watch() -> None:
+        while streaming.is_set():
+            in_flight.append(scrape(demo_server)[("trtllm_requests_in_flight", NATIVE)])
+
     with httpx.stream(
         "POST", f"{url}/generate", timeout=TIMEOUT,
-        json={"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True},
+        json={"prompt": PROMPT, "max_tokens": LONG_STREAM, "ignore_eos": True},
     ) as response:  # fmt: skip
-        chunks = response.iter_text()
-        next(chunks)
-        during = scrape(demo_server)  # one native request is in flight now
-        list(chunks)
+        streaming.set()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        chunks = list(response.iter_text())
+        streaming.clear()
+        watcher.join(TIMEOUT)
+    assert response.status_code == 200 and chunks
     native_prompt += result["usage"]["prompt_tokens"]
-    native_tokens += 400
+    native_tokens += LONG_STREAM
 
     completion = httpx.post(
         f"{url}/v1/completions", timeout=TIMEOUT,
@@ -83,7 +100,7 @@ def test_generation_metrics_move_by_what_was_served(demo_server: BentoServer) ->
     chat_usage: dict[str, Any] = json.loads(chat_lines[-1][6:])["usage"]
     after = scrape(demo_server)
 
-    assert during[("trtllm_requests_in_flight", (("api", "native"),))] >= 1
+    assert max(in_flight, default=0) >= 1, in_flight  # the stream was seen in flight
     for api in ("native", "openai_completions", "openai_chat"):
         assert after[("trtllm_requests_in_flight", (("api", api),))] == 0
 
