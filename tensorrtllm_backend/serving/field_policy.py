@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 
 class Policy(str, enum.Enum):
     HONOURED = "honoured"
@@ -104,10 +106,14 @@ class FieldTable:
         return name, rule.note
 
     def first_refused(
-        self, sent: dict[str, object], neutral: dict[str, object] | None = None
+        self, request: BaseModel, neutral: dict[str, object] | None = None
     ) -> tuple[str, str] | None:
-        """The first refused top-level field among `sent` (name -> value) whose value is set:
-        None, false, empty and a field's `neutral` value are as good as absent."""
+        """The first refused top-level field the request was sent, declared or not, whose value
+        is set: None, false, empty and a field's `neutral` value are as good as absent."""
+        sent = {
+            **(request.model_extra or {}),
+            **{name: getattr(request, name) for name in type(request).model_fields},
+        }
         for rule in self.rules:
             if rule.policy is not Policy.REFUSED or "." in rule.name or "[" in rule.name:
                 continue

@@ -183,7 +183,7 @@ class CountTokensRequest(AnthropicModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """The first field set that this server cannot honour, with what to do instead."""
-        refused = MESSAGES_FIELDS.first_refused(self.model_extra or {})
+        refused = MESSAGES_FIELDS.first_refused(self)
         if refused is not None:
             return refused
         for position, tool in enumerate(self.tools or []):

@@ -24,11 +24,7 @@ class _OpenAIHints(RequestModel):
 
     def refused_by(self, table: FieldTable, n: int) -> tuple[str, str] | None:
         """The first field sent that `table` refuses, with what to do instead."""
-        sent = {
-            **(self.model_extra or {}),
-            **{k: getattr(self, k) for k in type(self).model_fields},
-        }
-        refused = table.first_refused(sent, neutral={"best_of": n, "modalities": ["text"]})
+        refused = table.first_refused(self, neutral={"best_of": n, "modalities": ["text"]})
         if refused is not None:
             return refused
         if getattr(self, "stream_options", None) is not None and not self.stream:

@@ -183,11 +183,7 @@ class ResponsesRequest(BookkeepingFields):
 
     def unsupported(self) -> tuple[str, str] | None:
         """The first field set that this server cannot honour, with what to do instead."""
-        sent = {
-            **(self.model_extra or {}),
-            **{k: getattr(self, k) for k in type(self).model_fields},
-        }
-        refused = RESPONSES_FIELDS.first_refused(sent)
+        refused = RESPONSES_FIELDS.first_refused(self)
         if refused is not None:
             return refused
         for include in self.include or []:
