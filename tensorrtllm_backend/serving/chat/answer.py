@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import AnswerEvent, CallStart, ContentDelta, ReasoningDelta
+from .events import AnswerEvent, ContentDelta, ReasoningDelta
 from .reasoning import Opening, ReasoningFormat, ReasoningSplitter
 from .request import ToolCall
 from .tools import CallExtractor, ToolPlan, assemble
@@ -53,7 +53,6 @@ class AnswerReader:
     def __init__(self, splitter: ReasoningSplitter | None, calls: CallExtractor | None) -> None:
         self._splitter = splitter
         self._calls = calls
-        self.calls = 0  # calls started so far
 
     @property
     def reasoning(self) -> bool:
@@ -78,7 +77,6 @@ class AnswerReader:
                 events.append(event)
         if final and self._calls is not None:
             events += self._calls.finish()
-        self.calls += sum(isinstance(event, CallStart) for event in events)
         return events
 
 
@@ -96,8 +94,3 @@ class Answer:
         thinking = [event.text for event in events if isinstance(event, ReasoningDelta)]
         assembled = assemble([event for event in events if not isinstance(event, ReasoningDelta)])
         return cls("".join(thinking) if thinking else None, assembled.content, assembled.tool_calls)
-
-
-def read_answer(plan: ChatPlan, text: str) -> Answer:
-    """The answer of a whole text, read as its stream would be."""
-    return Answer.of(plan.reader().feed(text, final=True))

@@ -9,8 +9,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+from chat_deltas import Deltas
 
-from tensorrtllm_backend.serving.chat.answer import AnswerReader, ChatPlan
+from tensorrtllm_backend.serving.chat.answer import ChatPlan
 from tensorrtllm_backend.serving.chat.core import check_parser_names
 from tensorrtllm_backend.serving.chat.events import ContentDelta
 from tensorrtllm_backend.serving.chat.output_format import choice_guide, output_constraint
@@ -20,25 +21,9 @@ from tensorrtllm_backend.serving.chat.tools import (
     extract_calls,
     plan_tools,
 )
-from tensorrtllm_backend.serving.openai_api.chat_deltas import delta_json
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.settings import load_settings
-
-
-class _Deltas:
-    """A sequence's delta objects (JSON), as the chat stream sends them for its text pieces."""
-
-    def __init__(self, reader: AnswerReader) -> None:
-        self.reader = reader
-
-    @property
-    def calls(self) -> int:
-        return self.reader.calls
-
-    def deltas(self, text: str, final: bool = False) -> list[str]:
-        return [delta_json(event) for event in self.reader.feed(text, final)]
-
 
 WEATHER = {
     "type": "function",
@@ -182,7 +167,7 @@ def test_streamed_deltas_add_up_to_the_whole_message(step: int) -> None:
         '"unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
     )
     whole = extract_calls(result, text)
-    stream = _Deltas(ChatPlan(result).reader())
+    stream = Deltas(ChatPlan(result).reader())
     deltas: list[dict[str, Any]] = []
     pieces = [text[i : i + step] for i in range(0, len(text), step)]
     for number, piece in enumerate(pieces):

@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from chat_deltas import Deltas
 from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
 from tensorrtllm_backend.common.guides import GuideError
 from tensorrtllm_backend.serving.chat.answer import (
-    AnswerReader,
+    Answer,
     ChatPlan,
     ReasoningPlan,
-    read_answer,
 )
 from tensorrtllm_backend.serving.chat.core import ChatCore
 from tensorrtllm_backend.serving.chat.reasoning import (
@@ -30,26 +30,10 @@ from tensorrtllm_backend.serving.chat.reasoning_guides import guide_after_reason
 from tensorrtllm_backend.serving.chat.tool_parsers import FORMATS
 from tensorrtllm_backend.serving.chat.tools import ToolPlan
 from tensorrtllm_backend.serving.generation import EngineLimits, Generator
-from tensorrtllm_backend.serving.openai_api.chat_deltas import delta_json
 from tensorrtllm_backend.serving.openai_api.protocol import ChatCompletionRequest
 from tensorrtllm_backend.serving.schemas import GuidedDecoding
 from tensorrtllm_backend.triton.client import TritonLLMClient
 from tests.thinking_model import MESSAGES, thinking_tokenizer
-
-
-class _Deltas:
-    """A sequence's delta objects (JSON), as the chat stream sends them for its text pieces."""
-
-    def __init__(self, reader: AnswerReader) -> None:
-        self.reader = reader
-
-    @property
-    def calls(self) -> int:
-        return self.reader.calls
-
-    def deltas(self, text: str, final: bool = False) -> list[str]:
-        return [delta_json(event) for event in self.reader.feed(text, final)]
-
 
 R1 = REASONING_FORMATS["deepseek_r1"]
 QWEN3 = REASONING_FORMATS["qwen3"]
@@ -123,13 +107,13 @@ def test_calls_are_read_from_the_content_only() -> None:
         'maybe <tool_call>{"name": "a", "arguments": {}}</tool_call>?</think>Sure.'
         '<tool_call>{"name": "now", "arguments": {"tz": "UTC"}}</tool_call>'
     )
-    answer = read_answer(plan, text)
+    answer = Answer.of(plan.reader().feed(text, final=True))
     assert answer.reasoning is not None and "<tool_call>" in answer.reasoning
     assert answer.content == "Sure."
     assert [(c.function.name, json.loads(c.function.arguments)) for c in answer.tool_calls] == [
         ("now", {"tz": "UTC"})
     ]
-    deltas = _Deltas(plan.reader())
+    deltas = Deltas(plan.reader())
     pieces = [json.loads(d) for i in range(0, len(text), 4) for d in deltas.deltas(text[i : i + 4])]
     pieces += [json.loads(d) for d in deltas.deltas("", final=True)]
     assert "".join(p.get("reasoning", "") for p in pieces) == answer.reasoning
