@@ -38,12 +38,15 @@ def layer_of(module: str) -> str | None:
     return parts[1]
 
 
-def violations(path: Path, source: str) -> list[str]:
-    relative = path.relative_to(PACKAGE.parent).with_suffix("")
-    module = ".".join(relative.parts)
+def module_of(path: Path) -> tuple[str, bool]:
+    """The dotted name of the module at `path`, and whether it is a package's __init__."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     is_package = path.name == "__init__.py"
-    if is_package:
-        module = module.removesuffix(".__init__")
+    return (module.removesuffix(".__init__") if is_package else module), is_package
+
+
+def violations(path: Path, source: str) -> list[str]:
+    module, is_package = module_of(path)
     own = layer_of(module)
     if own is None:
         return []
@@ -109,11 +112,7 @@ def serving_package(module: str) -> str | None:
 
 
 def api_violations(path: Path, source: str) -> list[str]:
-    relative = path.relative_to(PACKAGE.parent).with_suffix("")
-    module = ".".join(relative.parts)
-    is_package = path.name == "__init__.py"
-    if is_package:
-        module = module.removesuffix(".__init__")
+    module, is_package = module_of(path)
     own = serving_package(module)
     if own not in API_PACKAGES | NEUTRAL_PACKAGES:
         return []
