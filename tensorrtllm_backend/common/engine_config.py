@@ -114,6 +114,9 @@ class EngineInfo(PackedSummary):
     cpu_mode: str | None = None
     # Tokens per paged KV-cache block (plugin_config): reused blocks x this = cached tokens.
     tokens_per_block: int | None = None
+    # Whether the engine returns its prompt's logits (trtllm-build --gather_context_logits):
+    # prompt log probs come from them. Always for the CPU engine.
+    gather_context_logits: bool = False
 
     @property
     def max_output_len(self) -> int:
@@ -212,6 +215,8 @@ def _inspect_modern(
         engine_files=files,
         cpu_mode=cpu.get("mode") if isinstance(cpu, dict) else None,
         tokens_per_block=_optional_int(plugins, "tokens_per_block"),
+        gather_context_logits=kind == "cpu"
+        or bool(build.get("gather_context_logits") or build.get("gather_all_token_logits")),
     )
 
 

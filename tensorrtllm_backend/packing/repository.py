@@ -28,13 +28,15 @@ from ..common.model_repository import (
 )
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "all_models" / "inflight_batcher_llm"
-MODEL_NAMES: tuple[str, ...] = (
+NVIDIA_MODEL_NAMES: tuple[str, ...] = (
     "ensemble",
     "preprocessing",
     "tensorrt_llm",
     "postprocessing",
     "tensorrt_llm_bls",
 )
+# prompt_logprobs is ours: prompt log probs reduced from the engine's context logits.
+MODEL_NAMES: tuple[str, ...] = (*NVIDIA_MODEL_NAMES, "prompt_logprobs")
 
 # Placeholders that sit outside a quoted string in the templates: an empty or malformed value
 # there breaks the protobuf, so they are type-checked and an empty value falls back to the default.
@@ -49,6 +51,7 @@ TYPED_PLACEHOLDERS: dict[str, str] = {
     "preprocessing_instance_count": _INT,
     "postprocessing_instance_count": _INT,
     "bls_instance_count": _INT,
+    "prompt_logprobs_instance_count": _INT,
     "logits_datatype": _DTYPE,
     "encoder_input_features_data_type": _DTYPE,
 }
@@ -96,6 +99,10 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "tensorrt_llm_model_name": "tensorrt_llm",
         "tensorrt_llm_draft_model_name": "",
         "multimodal_encoders_name": "",
+    },
+    "prompt_logprobs": {
+        "prompt_logprobs_instance_count": "1",
+        "tensorrt_llm_model_name": "tensorrt_llm",
     },
     "tensorrt_llm": {
         **_BATCH,

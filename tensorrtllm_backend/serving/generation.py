@@ -36,8 +36,13 @@ from .schemas import (
 )
 from .sequence_state import SequenceState
 from .token_strings import TokenStrings
-from .translation import LoraTensors, sequence_index
-from .triton_paths import EngineRoute, Route, make_route
+from .translation import (
+    LoraTensors,
+    PromptLogProbs,
+    response_prompt_log_probs,
+    sequence_index,
+)
+from .triton_paths import PROMPT_OUTPUTS, EngineRoute, Route, make_route
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +53,14 @@ class EngineLimits:
     max_batch_size: int = 1
     # A TensorRT-LLM engine's KV-cache block size (its reused blocks count cached prompt tokens).
     tokens_per_block: int | None = None
+    vocab_size: int | None = None  # the model's, where the engine says (its logits' width)
 
     @classmethod
     def from_engine(cls, info: EngineInfo) -> EngineLimits:
         per_block = info.tokens_per_block if info.kind == "tensorrt_llm" else None
         return cls(
             info.max_input_len, info.max_seq_len, info.max_beam_width, info.max_batch_size,
-            per_block,
+            per_block, info.vocab_size,
         )  # fmt: skip
 
 
@@ -84,19 +90,22 @@ class Generator:
         guides_unsupported: str | None = None,
         top_log_probs_unsupported: str | None = None,
         offloader: Offloader | None = None,
+        prompt_scores_unsupported: str | None = None,
     ) -> None:
         """`client`: the inference server requests stream through; `route`: the way through
         it (:mod:`.triton_paths`), which builds each request's tensors and decodes its responses.
         `guides` compiles guided_decoding guides against the served tokenizer (one is made
         from `tokenizer` when not given); `guides_unsupported` says why this model cannot
         enforce any guide (guided requests are then refused); `top_log_probs_unsupported` why
-        its engine returns no alternatives to the chosen tokens. `offloader` runs the work that
-        grows with a request off the event loop (:mod:`.offload`)."""
+        its engine returns no alternatives to the chosen tokens; `prompt_scores_unsupported` why it
+        cannot score prompts (:meth:`score`). `offloader` runs the work that grows with a request
+        off the event loop (:mod:`.offload`)."""
         self.client = client
         self.offloader = offloader or Offloader()
         self.guides = guides or GuideCompiler(tokenizer)
         self.guides_unsupported = guides_unsupported
         self.top_log_probs_unsupported = top_log_probs_unsupported
+        self.prompt_scores_unsupported = prompt_scores_unsupported
         self.metrics = metrics
         self.loras = loras or LoraRegistry()
         self.lora_supported = lora_supported
@@ -106,6 +115,7 @@ class Generator:
         self.route = route
         self.path: EngineRoute = make_route(route, tokenizer)
         self.path.tokens_per_block = limits.tokens_per_block
+        self.path.vocab_size = limits.vocab_size
         self.model_name = self.path.model_name
 
     def prepare(
@@ -118,12 +128,15 @@ class Generator:
         max_tokens_cap: int | None = None,
         api: str = "native",
         lora: str | None = None,
+        token_ids: list[int] | None = None,
     ) -> PreparedRequest:
         """Tokenize and check every engine limit before Triton sees the request (blocking, in
         proportion to the prompt: the service calls it through :meth:`admit`).
 
         With `max_tokens_cap`, a request that did not set max_tokens gets all the room the engine
-        leaves after the prompt, up to the cap (OpenAI chat semantics).
+        leaves after the prompt, up to the cap (OpenAI chat semantics). With `token_ids`, the
+        prompt is those tokens (checked against the vocabulary) and `prompt` is ignored: the
+        prepared prompt is their text.
         """
         limits = self.limits
         self.path.check(params, lora)
@@ -152,23 +165,13 @@ class Generator:
             )
         if params.guided_decoding is not None:
             self._check_guide_text(params)
-        max_chars = limits.max_input_len * MAX_CHARS_PER_TOKEN
-        if len(prompt) > max_chars:
-            raise RequestError(
-                f"prompt is {len(prompt)} characters, more than this engine's max_input_len of "
-                f"{limits.max_input_len} tokens can hold (at most {max_chars} characters are "
-                "read): shorten the prompt",
-                param="prompt",
-            )
-        prompt_ids = encode_prompt(self.tokenizer, prompt, add_special_tokens, limits.max_input_len)
-        if isinstance(prompt_ids, int):
-            raise RequestError(
-                f"prompt is {prompt_ids} tokens but this engine accepts at most "
-                f"{limits.max_input_len} (max_input_len): shorten the prompt",
-                param="prompt",
-            )
-        if not prompt_ids:
-            raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
+        if token_ids is not None:
+            if self.path.no_token_prompts is not None:
+                raise RequestError(self.path.no_token_prompts, param="prompt")
+            prompt_ids = self._check_token_ids(token_ids)
+            prompt = self.tokenizer.decode(prompt_ids)
+        else:
+            prompt_ids = self._encode(prompt, add_special_tokens)
         room = limits.max_seq_len - len(prompt_ids)
         if max_tokens_cap is not None and "max_tokens" not in params.model_fields_set:
             params = params.model_copy(update={"max_tokens": max(1, min(room, max_tokens_cap))})
@@ -191,6 +194,46 @@ class Generator:
         return PreparedRequest(
             request_id or new_request_id(), prompt, params, prompt_ids, api, adapter
         )
+
+    def _encode(self, prompt: str, add_special_tokens: bool) -> list[int]:
+        limits = self.limits
+        max_chars = limits.max_input_len * MAX_CHARS_PER_TOKEN
+        if len(prompt) > max_chars:
+            raise RequestError(
+                f"prompt is {len(prompt)} characters, more than this engine's max_input_len of "
+                f"{limits.max_input_len} tokens can hold (at most {max_chars} characters are "
+                "read): shorten the prompt",
+                param="prompt",
+            )
+        prompt_ids = encode_prompt(self.tokenizer, prompt, add_special_tokens, limits.max_input_len)
+        if isinstance(prompt_ids, int):
+            raise RequestError(
+                f"prompt is {prompt_ids} tokens but this engine accepts at most "
+                f"{limits.max_input_len} (max_input_len): shorten the prompt",
+                param="prompt",
+            )
+        if not prompt_ids:
+            raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
+        return prompt_ids
+
+    def _check_token_ids(self, token_ids: list[int]) -> list[int]:
+        """A prompt sent as token ids: not empty, within max_input_len and the vocabulary."""
+        if not token_ids:
+            raise RequestError("prompt holds no token ids: send at least one", param="prompt")
+        if len(token_ids) > self.limits.max_input_len:
+            raise RequestError(
+                f"prompt is {len(token_ids)} tokens but this engine accepts at most "
+                f"{self.limits.max_input_len} (max_input_len): shorten the prompt",
+                param="prompt",
+            )
+        size = len(self.tokenizer)
+        outside = next((token for token in token_ids if not 0 <= token < size), None)
+        if outside is not None:
+            raise RequestError(
+                f"prompt holds token id {outside}, outside the vocabulary [0, {size})",
+                param="prompt",
+            )
+        return list(token_ids)
 
     def _check_top_log_probs(self) -> None:
         """Alternatives to the chosen tokens come only from an engine and route that return
@@ -260,6 +303,37 @@ class Generator:
                 param="lora",
             )
         return adapter
+
+    def check_scoring(self, request: PreparedRequest, k: int) -> None:
+        """Refuse a prompt-scoring request this model cannot serve (see :meth:`score`)."""
+        if self.prompt_scores_unsupported is not None:
+            raise RequestError(self.prompt_scores_unsupported, param="echo")
+        if request.lora is not None and self.path.sends_lora_weights:
+            raise RequestError(
+                "prompt log probs with a LoRA adapter are served by the LLM API workflow "
+                "(pack_model.py --workflow llmapi), not by TensorRT-LLM engines",
+                param="echo",
+            )
+        if k:
+            self._check_top_log_probs()
+
+    async def score(self, request: PreparedRequest, k: int) -> PromptLogProbs:
+        """The prompt's token log probs (the first token has none) and `k` alternatives at each
+        position, computed by the engine from its context logits and reduced beside it: one
+        engine request of its own, apart from the generation's."""
+        model, tensors = self.path.score_inputs(request, k)
+        found = None
+        async with aclosing(
+            self.client.stream(model, tensors, PROMPT_OUTPUTS, f"{request.request_id}-score")
+        ) as results:
+            async for result in results:
+                scores = response_prompt_log_probs(
+                    result, PROMPT_OUTPUTS, len(request.prompt_ids), k
+                )
+                found = scores or found
+        if found is None:
+            raise EngineModelError(f"{model} answered no prompt log probs")
+        return found
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
         """Text chunks as they become final; each sequence's last chunk carries its finish

@@ -33,7 +33,7 @@ from .chat.core import check_parser_names
 from .generation import EngineLimits, Generator
 from .metrics import generation_metrics
 from .run_dir import make_run_dir
-from .triton_paths import ROUTE_MODELS, Route
+from .triton_paths import PROMPT_SCORER, ROUTE_MODELS, Route
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -185,6 +185,7 @@ class LLMRuntime:
             guides=guides,
             guides_unsupported=guides_unsupported,
             top_log_probs_unsupported=self._top_log_probs_unsupported(),
+            prompt_scores_unsupported=self._prompt_scores_unsupported(),
         )
         if settings.stall_timeout_s > 0:
             client = self._client
@@ -216,6 +217,26 @@ class LLMRuntime:
                 "top log probs are not available with TensorRT-LLM engines: the C++ tensorrtllm "
                 "backend returns the chosen token's log prob only (the LLM API workflow, "
                 "pack_model.py --workflow llmapi, returns alternatives)"
+            )
+        return None
+
+    def _prompt_scores_unsupported(self) -> str | None:
+        """Why this model cannot score prompts (None: it can). The LLM API workflow scores in
+        its own model; engines, through the prompt_logprobs model beside them, from their
+        context logits."""
+        engine = self.engine
+        if engine is None:
+            return None
+        if not self.has_prompt_scorer:
+            return (
+                "prompt log probs need the prompt_logprobs model, which this model's repository "
+                "lacks (packed by an older version): repack the model"
+            )
+        if not engine.gather_context_logits:
+            return (
+                "prompt log probs need the engine's context logits: rebuild the engine with "
+                "`trtllm-build --gather_context_logits` (or serve a checkpoint with the LLM API "
+                "workflow, pack_model.py --workflow llmapi)"
             )
         return None
 
@@ -287,10 +308,19 @@ class LLMRuntime:
     def _models_to_load(self) -> tuple[str, ...]:
         """The direct route talks to tensorrt_llm alone: the ensemble's Python models would each
         start a stub and load the tokenizer for nothing (seconds of start-up, ~300 MB apiece).
-        The text routes load the whole repository, whose BLS may call models of its own."""
-        if self.route in (Route.DIRECT, Route.LLMAPI):
+        The text routes load the whole repository, whose BLS may call models of its own.
+        The prompt scorer beside the engine (prompt log probs) is loaded where the repository
+        has one."""
+        if self.route is Route.LLMAPI:
             return (ROUTE_MODELS[self.route],)
+        if self.route is Route.DIRECT:
+            scorer = (PROMPT_SCORER,) if self.has_prompt_scorer else ()
+            return (ROUTE_MODELS[self.route], *scorer)
         return ()
+
+    @property
+    def has_prompt_scorer(self) -> bool:
+        return (self.model_root / REPOSITORY / PROMPT_SCORER / CONFIG_NAME).is_file()
 
     def wind_down(self) -> None:
         """The worker was told to stop: tritonserver is not restarted from now on, whatever

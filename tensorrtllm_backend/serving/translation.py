@@ -172,3 +172,39 @@ def response_top_log_probs(result: EngineResult, count: int, k: int) -> list[Top
     return [
         (ids[row : row + k], _floored(values[row : row + k])) for row in range(start, len(ids), k)
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogProbs:
+    """A prompt's scores: the log prob of each token after the first, and where asked for, the
+    k most likely tokens at each of those positions (ids and log probs, the most likely
+    first)."""
+
+    log_probs: list[float]
+    top: list[TopLogProbs] | None
+    ranks: list[int]  # each token's rank at its position (1: the most likely)
+
+
+def response_prompt_log_probs(
+    result: EngineResult, names: Sequence[str], prompt_tokens: int, k: int
+) -> PromptLogProbs | None:
+    """The scores a response carries (`names`: its three outputs), None when it carries none;
+    scores of another length than the prompt's are the engine's error, never a shorter list."""
+    log_probs = result.values(names[0])
+    if log_probs is None:
+        return None
+    if len(log_probs) != prompt_tokens - 1:
+        raise EngineModelError(
+            f"the engine scored {len(log_probs)} tokens of a {prompt_tokens}-token prompt "
+            f"(expected {prompt_tokens - 1}: every token after the first)"
+        )
+    ranks = [int(rank) for rank in result.values(names[3]) or []]
+    if len(ranks) != len(log_probs):
+        raise EngineModelError("the engine returned no rank for each prompt token")
+    if not k:
+        return PromptLogProbs(_floored(log_probs), None, ranks)
+    ids, values = result.values(names[1]) or [], result.values(names[2]) or []
+    if len(ids) != len(log_probs) * k or len(values) != len(ids):
+        raise EngineModelError(f"the engine returned no {k} alternatives per prompt token")
+    top = [(ids[row : row + k], _floored(values[row : row + k])) for row in range(0, len(ids), k)]
+    return PromptLogProbs(_floored(log_probs), top, ranks)

@@ -298,6 +298,20 @@ class _GuideStep:
                 req.guide_ended = True
 
 
+def _context_rows(
+    decoding: list[GenRequest], joining: list[GenRequest]
+) -> list[tuple[GenRequest, torch.Tensor]]:
+    """The joining requests that asked for their prompt's logits, each with the packed index
+    of every prompt token (the decoding requests' tokens come first, then each prompt)."""
+    rows = []
+    start = len(decoding)
+    for req in joining:
+        if req.context_logits:
+            rows.append((req, torch.arange(start, start + len(req.prompt))))
+        start += len(req.prompt)
+    return rows
+
+
 def resolve_device(device: str = "auto") -> str:
     """ "auto": CUDA when torch sees a GPU, else the CPU; "cuda" without a GPU is an error."""
     if device not in ("auto", "cpu", "cuda"):
@@ -406,11 +420,14 @@ class HFBackend:
         joined = {id(req) for req in joining}
         decoding = [req for req in active if id(req) not in joined]
         step = _StepLayout.pack(cache, decoding, joining, self.device)
+        keep, context = step.last, _context_rows(decoding, joining)
+        if context:  # every prompt position of those requests, after each request's last one
+            keep = torch.cat([keep, *(rows.to(self.device) for _, rows in context)])
         out = self.model(
             input_ids=step.input_ids[None],
             position_ids=step.columns[None],
             use_cache=False,
-            logits_to_keep=step.last,
+            logits_to_keep=keep,
             trtllm_step=step,
         )
         for req in decoding:
@@ -419,4 +436,9 @@ class HFBackend:
             req.backend_state.length = len(req.prompt)  # type: ignore[union-attr]
         # Sampling runs on the CPU with each request's own seeded generator.
         logits = out.logits[0].float().cpu()  # one copy for the batch, not one per row
-        return {id(req): logits[row] for row, req in enumerate(decoding + joining)}
+        order = decoding + joining
+        row = len(order)
+        for req, rows in context:  # the prompt's logits, its last position sampled from too
+            req.prompt_logits = logits[row : row + len(rows)].numpy()
+            row += len(rows)
+        return {id(req): logits[row] for row, req in enumerate(order)}

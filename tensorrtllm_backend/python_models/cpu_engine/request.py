@@ -94,6 +94,10 @@ class GenRequest:
     exclude_input_in_output: bool = False
     return_log_probs: bool = False
     top_logprobs: int = 0  # alternatives to return per token (0: none)
+    # return_context_logits: the prompt's logits [len(prompt), vocab] (float32), which the
+    # backend sets while the prompt goes through its forward; sent once, then dropped.
+    context_logits: bool = False
+    prompt_logits: object = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     embedding_bias: Sequence[float] | None = None
     # guided_decoding_guide_type / _guide as sent, and the grammar compiled from them (the

@@ -13,6 +13,9 @@ min_tokens), the next id upwards (wrapping within [FIRST_ID, vocab_size)) that i
 seed = the engine config's seed + the request's seed. Log probs are 0.0 (log 1: the engine is
 certain of each token). Asked for k alternatives, it lists the chosen token at 0.0 and then the
 k - 1 ids after it (wrapping within [FIRST_ID, vocab_size)) at -inf: it gives them no chance.
+Asked for its prompt's logits (return_context_logits), it gives the position after token x the
+logits -((v * 7919 + x * 104729) mod 1000) / 100 for every id v (:func:`context_logits`): a
+spread distribution that depends on the token alone, so tests can compute its log probs.
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ def predict_tokens(
     ]
 
 
+def context_logits(prompt: list[int], vocab_size: int) -> object:
+    """The synthetic prompt logits [len(prompt), vocab_size] (float32; see the module
+    docstring). numpy is imported only here: only requests that ask pay for it."""
+    import numpy as np
+
+    ids = np.arange(vocab_size, dtype=np.int64)
+    tokens = np.asarray(prompt, dtype=np.int64)[:, None]
+    return (-((ids * 7919 + tokens * 104729) % 1000) / 100).astype(np.float32)
+
+
 class SyntheticBackend:
     """Scheduler backend; delays are applied by the scheduler through ttft_s / itl_s."""
 
@@ -95,6 +108,8 @@ class SyntheticBackend:
         eos = self.eos_token_id
         out: list[StepResult] = []
         for req in batch:
+            if req.context_logits and not req.generated and req.prompt_logits is None:
+                req.prompt_logits = context_logits(req.prompt, self.vocab_size)
             token = FIRST_ID + (req.backend_state + STRIDE * len(req.generated)) % span
             if token == eos or req.bad_words or req.min_tokens:
                 banned = req.banned_tokens()

@@ -19,6 +19,9 @@ from ..request_error import RequestError
 from .request import SamplingParams, parse_word_list
 
 MAX_TOP_LOG_PROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+# return_context_logits: prompt tokens x vocabulary values per request (1 GiB of float32);
+# a larger matrix is refused rather than allocated.
+MAX_CONTEXT_LOGITS = 1 << 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
     if not 0 <= top <= MAX_TOP_LOG_PROBS:
         raise RequestError(f"top_log_probs must be 0 to {MAX_TOP_LOG_PROBS}, got {top}")
     perf = bool(inputs.rows("return_perf_metrics", False)[0])
+    context_logits = bool(inputs.rows("return_context_logits", False)[0])
     guide_types = inputs.strings("guided_decoding_guide_type")
     guides = inputs.strings("guided_decoding_guide")
     bias = inputs.array("embedding_bias")
@@ -195,6 +199,12 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                 f"prompt length {input_len} + request_output_len {output_len} exceeds the "
                 f"engine's max_seq_len {limits.max_seq_len}"
             )
+        if context_logits and input_len * limits.vocab_size > MAX_CONTEXT_LOGITS:
+            raise RequestError(
+                f"return_context_logits for a {input_len}-token prompt would return "
+                f"{input_len} x {limits.vocab_size} logits, more than the CPU engine's "
+                f"{MAX_CONTEXT_LOGITS}: send a shorter prompt"
+            )
         row_bias = None
         if bias is not None and bias.size:
             row_bias = bias[row if bias.shape[0] > 1 else 0].tolist()
@@ -214,6 +224,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                 "exclude_input_in_output": exclude,
                 "return_log_probs": log_probs,
                 "top_logprobs": top,
+                "context_logits": context_logits,
                 "sampling": SamplingParams(
                     temperature=float(temperature[row]),
                     top_k=int(top_k[row]),

@@ -126,6 +126,9 @@ class ResponseGroup:
             )
         if top is not None:
             tensors += top_tensors(pb, top, req.top_logprobs, (1, 1, n))
+        if req.prompt_logits is not None:  # with the first response, as the C++ backend
+            tensors.append(pb.Tensor("context_logits", req.prompt_logits[None]))
+            req.prompt_logits = None
         if self.perf_metrics and sequence_final:
             for name, value in zip(_PERF_OUTPUTS, _ns(req), strict=True):
                 tensors.append(pb.Tensor(name, np.array([[value]], dtype=np.int64)))
@@ -254,10 +257,23 @@ class ResponseGroup:
                     top_values[b, 0, position] = values_row
             tensors.append(pb.Tensor("output_top_token_ids", top_ids))
             tensors.append(pb.Tensor("output_top_log_probs", top_values))
+        if first.context_logits:
+            tensors.append(pb.Tensor("context_logits", _padded_logits([req for req, _ in rows])))  # type: ignore[misc]
         if self.perf_metrics:
             for name, values in zip(_PERF_OUTPUTS, perf, strict=True):
                 tensors.append(pb.Tensor(name, values))
         return pb.InferenceResponse(output_tensors=tensors)
+
+
+def _padded_logits(reqs: list[GenRequest]) -> np.ndarray:
+    """The rows' prompt logits as one [B, longest prompt, vocab] tensor, zero past each
+    prompt."""
+    matrices = [np.asarray(req.prompt_logits) for req in reqs]
+    width = max(matrix.shape[0] for matrix in matrices)
+    out = np.zeros((len(matrices), width, matrices[0].shape[1]), dtype=np.float32)
+    for row, matrix in enumerate(matrices):
+        out[row, : matrix.shape[0]] = matrix
+    return out
 
 
 class SequenceSink:

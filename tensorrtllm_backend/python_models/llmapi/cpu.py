@@ -32,7 +32,8 @@ from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, lo
 from ..cpu_engine.loading import EngineGuides, make_backend
 from ..cpu_engine.request import Chunk, FinishReason, GenRequest, SamplingParams, TopLogprobs
 from ..cpu_engine.scheduler import Scheduler
-from ..cpu_engine.triton_io import split_sequences
+from ..cpu_engine.triton_io import MAX_CONTEXT_LOGITS, split_sequences
+from ..prompt_scores import PromptScores, reduce_logits
 from ..request_error import RequestError
 from .engine import EngineRequest, PerfMetrics, Sampling, SequenceStep, Step
 from .settings import ModelSettings, checkpoint_dir
@@ -132,6 +133,14 @@ class CpuEngine:
                 f"prompt: ask for 1 to {self.max_seq_len - len(prompt)} "
                 f"(max_seq_len {self.max_seq_len})"
             )
+        if (
+            sampling.prompt_logprobs is not None
+            and len(prompt) * self.vocab_size > MAX_CONTEXT_LOGITS
+        ):
+            raise RequestError(
+                f"scoring a {len(prompt)}-token prompt needs {len(prompt)} x {self.vocab_size} "
+                f"logits, more than the CPU stand-in's {MAX_CONTEXT_LOGITS}: send a shorter prompt"
+            )
         bad_ids = [t for t in sampling.bad_token_ids if not 0 <= t < self.vocab_size]
         if bad_ids:
             raise RequestError(f"sampling_param_bad_token_ids {bad_ids} outside the vocabulary")
@@ -195,6 +204,7 @@ class CpuGeneration:
         self._arrivals: deque[_Arrival] = deque()
         self._error: str | None = None
         self._aborted = False
+        self._scores: PromptScores | None = None
 
     # -- scheduler side (its thread) ---------------------------------------------------------
     def _arrive(self, arrival: _Arrival | None, error: str | None = None) -> None:
@@ -271,15 +281,18 @@ class CpuGeneration:
             "exclude_input_in_output": True,
             "return_log_probs": True,  # cheap here, and cumulative_logprob needs them
             "top_logprobs": sampling.logprobs or 0,
+            "context_logits": sampling.prompt_logprobs is not None,
             "sampling": _cpu_sampling(sampling),
             "guided": None
             if sampling.guide is None
             else (sampling.guide.type, sampling.guide.guide),
             "grammar": grammar,
         }
-        for sequence, arguments in zip(
-            self._sequences, split_sequences(row, sampling.n), strict=True
+        for position, (sequence, arguments) in enumerate(
+            zip(self._sequences, split_sequences(row, sampling.n), strict=True)
         ):
+            if position:  # the prompt's logits once, from the first sequence
+                arguments = {**arguments, "context_logits": False}
             sequence.req = GenRequest(sink=self._sink(sequence), **arguments)
         if self._aborted:
             return self._finish_unsubmitted()
@@ -314,7 +327,19 @@ class CpuGeneration:
             else self._sequence_step(sequence, [], [], [], None)
             for sequence in self._sequences
         ]
-        return Step(steps, all(step.finished for step in steps))
+        return Step(
+            steps, all(step.finished for step in steps), prompt_scores=self._prompt_scores()
+        )
+
+    def _prompt_scores(self) -> PromptScores | None:
+        """The prompt's scores, reduced from the logits of its forward (first sequence's)."""
+        k = self._request.sampling.prompt_logprobs
+        req = self._sequences[0].req
+        if k is not None and self._scores is None and req is not None:
+            logits, req.prompt_logits = req.prompt_logits, None
+            if logits is not None:
+                self._scores = reduce_logits(logits, self._prompt, k)
+        return self._scores
 
     def _sequence_step(
         self,

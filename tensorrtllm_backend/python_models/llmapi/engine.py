@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..cpu_engine.request import TopLogprobs
+from ..prompt_scores import PromptScores
 
 FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "not_finished")
 """CompletionOutput.finish_reason's values (None while a sequence runs)."""
@@ -66,6 +67,10 @@ class Sampling:
     bad_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # alternatives per token; set, the chosen token's log prob too
+    # Score the prompt: each token's log prob and this many alternatives at each position
+    # (reduced from the context logits; not SamplingParams.prompt_logprobs, which leaves the
+    # prompt's own token out when it is not among the top k).
+    prompt_logprobs: int | None = None
     return_perf_metrics: bool = False
     detokenize: bool = True  # cumulative text in each step (text prompts need it)
     guide: Guide | None = None
@@ -126,6 +131,7 @@ class Step:
     sequences: list[SequenceStep]
     finished: bool
     cached_tokens: int = 0  # prompt tokens reused from the KV cache
+    prompt_scores: PromptScores | None = None  # with Sampling.prompt_logprobs, once known
 
 
 class Generation(Protocol):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..cpu_engine.triton_io import guide_of
+from ..prompt_scores import OUTPUTS as PROMPT_OUTPUTS
 from ..request_error import RequestError
 from .engine import (
     EngineRequest,
@@ -60,6 +61,7 @@ _SCALARS: dict[str, type] = {
     "pad_id": int,
     "ignore_eos": bool,
     "logprobs": int,
+    "prompt_logprobs": int,
     "return_perf_metrics": bool,
 }
 _STRING_LISTS = ("stop", "bad")
@@ -135,6 +137,7 @@ class ParsedRequest:
     cumulative_logprob: bool = False
     logprobs: int | None = None  # alternatives per token (0: the chosen token's only)
     perf: bool = False
+    scores_sent: bool = False  # the prompt's scores went out (with the first response after)
 
 
 def is_stop_request(pb: Any, request: Any) -> bool:
@@ -176,6 +179,8 @@ def parse_request(pb: Any, request: Any, *, decoupled: bool, return_perf: bool) 
     )
     _check(sampling)
     token_ids = bool(ids)
+    if sampling.prompt_logprobs is not None and not token_ids:
+        raise RequestError("sampling_param_prompt_logprobs needs the prompt as input_ids")
     if token_ids and sampling.n > 1 and not decoupled:
         raise RequestError(
             "sampling_param_n > 1 with input_ids needs the decoupled transaction policy "
@@ -213,6 +218,10 @@ def _check(sampling: Sampling) -> None:
         (
             sampling.logprobs is None or 0 <= sampling.logprobs <= MAX_LOGPROBS,
             f"sampling_param_logprobs must be 0 to {MAX_LOGPROBS}",
+        ),
+        (
+            sampling.prompt_logprobs is None or 0 <= sampling.prompt_logprobs <= MAX_LOGPROBS,
+            f"sampling_param_prompt_logprobs must be 0 to {MAX_LOGPROBS}",
         ),
         (sampling.top_k is None or sampling.top_k >= 0, "sampling_param_top_k must be >= 0"),
         (
@@ -337,6 +346,12 @@ def token_response(pb: Any, sequence: SequenceStep, parsed: ParsedRequest, step:
         tensors.append(
             pb.Tensor("cumulative_logprob", np.array([_cumulative(sequence)], np.float32))
         )
+    if step.prompt_scores is not None and not parsed.scores_sent:
+        tensors += [
+            pb.Tensor(name, array)
+            for name, array in zip(PROMPT_OUTPUTS, step.prompt_scores, strict=True)
+        ]
+        parsed.scores_sent = True
     if sequence.finished:
         tensors.append(pb.Tensor("cached_tokens", np.array([step.cached_tokens], np.int32)))
         if parsed.perf:

@@ -20,6 +20,7 @@ import tensorrt_llm
 from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
+from ..prompt_scores import PromptScores, reduce_logits
 from ..request_error import RequestError
 from . import engine
 from .settings import ModelSettings
@@ -105,6 +106,10 @@ def sampling_params(sampling: engine.Sampling) -> Any:
         fields["bad_token_ids"] = list(sampling.bad_token_ids)
     if sampling.guide is not None:
         fields["guided_decoding"] = guided_decoding(sampling.guide)
+    if sampling.prompt_logprobs is not None:
+        # Scored from the context logits beside the engine: SamplingParams.prompt_logprobs
+        # (1.2) lists the top k only, without the prompt's own token when it is not among them.
+        fields["return_context_logits"] = True
     # The prompt is never echoed by the engine: the model prepends it itself when asked.
     fields["exclude_input_from_output"] = True
     return SamplingParams(**fields)
@@ -161,6 +166,7 @@ class TrtllmGeneration:
     def __init__(self, output: Any, request: engine.EngineRequest) -> None:
         self._output = output
         self._request = request
+        self._scores: PromptScores | None = None
 
     def abort(self) -> None:
         self._output.abort()
@@ -209,7 +215,26 @@ class TrtllmGeneration:
             sequences,
             bool(output.finished),
             cached_tokens=int(getattr(output, "cached_tokens", 0) or 0),
+            prompt_scores=self._prompt_scores(),
         )
+
+    def _prompt_scores(self) -> PromptScores | None:
+        """The prompt's scores once its context logits arrived (reduced on their device)."""
+        k = self._request.sampling.prompt_logprobs
+        logits = getattr(self._output, "context_logits", None)
+        if k is None or self._scores is not None or logits is None:
+            return self._scores
+        prompt = list(self._output.prompt_token_ids)
+        if logits.shape[0] < len(prompt):
+            # The PyTorch backend computes logits only for the prompt tokens not found in its
+            # KV cache (block reuse).
+            raise RequestError(
+                f"the engine returned logits for {logits.shape[0]} of the prompt's "
+                f"{len(prompt)} tokens: the rest came from its KV cache. Scoring prompts needs "
+                "kv_cache_config.enable_block_reuse: false in model.yaml"
+            )
+        self._scores = reduce_logits(logits, prompt, k)
+        return self._scores
 
 
 def _logprobs(

@@ -134,15 +134,26 @@ CHAT_FIELDS = rules.FieldTable(
 COMPLETIONS_FIELDS = rules.FieldTable(
     "completions",
     [
-        rules.honoured("prompt", "one prompt, a string", None),
+        rules.honoured(
+            "prompt",
+            "a string, strings, token ids or lists of token ids; a list is a batch of up to 256 "
+            "prompts (choices prompt-major, then n); token ids on the direct and llmapi routes",
+            None,
+        ),
         *_sampling(),
         rules.honoured(
             "echo",
-            "the prompt before the answer; with logprobs it is refused: the prompt tokens' log "
-            "probs are not computed here, and an evaluation harness would read wrong numbers",
+            "the prompt before the answer; with logprobs, the prompt tokens' log probs too (the "
+            "first null), from the engine's context logits; max_tokens 0 scores only",
             True,
         ),
         rules.honoured("logprobs", "up to 5 alternatives, in the legacy shape", 1),
+        rules.honoured(
+            "prompt_logprobs",
+            "vLLM's: each prompt token's log prob, rank and up to 20 alternatives, per choice "
+            "(not streamed)",
+            1,
+        ),
         rules.honoured("best_of", "the n most likely of best_of sequences (not streamed)", None),
         rules.refused("suffix", "suffix is not supported", "end"),
     ],

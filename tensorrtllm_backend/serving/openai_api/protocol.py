@@ -41,10 +41,20 @@ class ChatCompletionRequest(ChatRequest, _OpenAIHints):
         return self.refused_by(CHAT_FIELDS, self.n)
 
 
+MAX_COMPLETION_PROMPTS = 256  # prompts in one /v1/completions request (a batch)
+Prompt = str | list[int]
+"""One prompt of a completion request: text, or token ids."""
+
+
 class CompletionRequest(SamplingFields, _OpenAIHints):
-    prompt: str | list[str]
+    # A string, strings, token ids or lists of token ids; `prompts` is the list of prompts.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 with echo scores the prompt without generating.
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
+    # vLLM's: the prompt tokens' log probs, with this many alternatives at each position.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
     # Sequences generated to answer the n most likely (by cumulative log probability).
     best_of: int | None = Field(None, ge=1)
@@ -54,20 +64,42 @@ class CompletionRequest(SamplingFields, _OpenAIHints):
         """Sequences to generate: best_of, or n."""
         return self.best_of or self.n
 
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The prompts of the batch, in order (one for a string or a list of token ids)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
+
     def unsupported(self) -> tuple[str, str] | None:
         return self.refused_by(COMPLETIONS_FIELDS, self.n)
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str:
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise ValueError("send exactly one prompt per request (batches are not supported)")
-            prompt = prompt[0]
-        if not prompt.strip():
-            raise ValueError("prompt is empty")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"prompt is longer than {MAX_PROMPT_CHARS} characters")
+    def _check_prompts(
+        cls, prompt: str | list[str] | list[int] | list[list[int]]
+    ) -> str | list[str] | list[int] | list[list[int]]:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompts: list[Prompt] = [prompt]  # type: ignore[list-item]
+        else:
+            prompts = list(prompt)  # type: ignore[arg-type]
+        if not prompts:
+            raise ValueError("prompt is an empty list: send a string, strings or token ids")
+        if len(prompts) > MAX_COMPLETION_PROMPTS:
+            raise ValueError(
+                f"{len(prompts)} prompts in one request; at most {MAX_COMPLETION_PROMPTS} are "
+                "served per request: split the batch"
+            )
+        for position, one in enumerate(prompts):
+            where = f"prompt {position}" if len(prompts) > 1 else "prompt"
+            if isinstance(one, str):
+                if not one.strip():
+                    raise ValueError(f"{where} is empty")
+                if len(one) > MAX_PROMPT_CHARS:
+                    raise ValueError(f"{where} is longer than {MAX_PROMPT_CHARS} characters")
+            elif not one:
+                raise ValueError(f"{where} holds no token ids")
         return prompt
 
 
@@ -88,12 +120,18 @@ class _Response(BaseModel):
 
 class CompletionChoice(_Choice):
     text: str
+    # vLLM's prompt_logprobs: null for the first token, then {token id: entry} per token.
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class CompletionResponse(_Response):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Absent optional fields left out (the null entries inside log probs stay)."""
+        return self.model_dump(exclude_none=True)
 
 
 class AssistantMessage(BaseModel):

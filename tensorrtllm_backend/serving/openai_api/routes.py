@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..web.endpoints import ALL_METHODS, CoreProvider, Endpoints, no_route, streaming_response
+from .completions import CompletionServing
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from .serving import OpenAIServing
 
@@ -30,15 +31,15 @@ def build_openai_app(
         return OpenAIServing(endpoints.core())
 
     async def completions(request: Request) -> Response:
-        server = current()
+        server = CompletionServing(endpoints.core())
         parsed, size = await parse(request, server.core, CompletionRequest)
         assert isinstance(parsed, CompletionRequest)
-        prepared = await server.prepare_completion(parsed, size)
+        plan = await server.prepare(parsed, size)
         if parsed.stream:
-            events = server.stream_completion(prepared, parsed.usage_report())
+            events = server.stream(plan, parsed.usage_report())
             return await streaming_response(events, server.core.stream_interval)
-        response = await server.complete(prepared, parsed)
-        return JSONResponse(response.model_dump(exclude_none=True))
+        response = await server.complete(plan, parsed)
+        return JSONResponse(response.to_json())
 
     async def chat_completions(request: Request) -> Response:
         server = current()

@@ -104,13 +104,13 @@ def _chat_token(token: str, log_prob: float) -> dict[str, Any]:
     return {"token": token, "logprob": log_prob, "bytes": list(token.encode())}
 
 
-_Render = Callable[["_ChunkEvents", AnswerStep, Any], list[str]]
+_Render = Callable[["ChunkEvents", AnswerStep, Any], list[str]]
 """Turns one step of a streamed answer, with its log probs (or None), into SSE chunk events."""
 _ROLE_DELTA = '"delta":{"role":"assistant","content":""},"finish_reason":null'
 
 
 class StreamRenderer:
-    """The streamed answers of :class:`~.serving.OpenAIServing`."""
+    """The streamed chat answers of :class:`~.serving.OpenAIServing`."""
 
     generator: Generator
     model_name: str
@@ -125,24 +125,16 @@ class StreamRenderer:
         prepared: PreparedRequest,
         usage_report: UsageReport,
         plan: ChatPlan | None,
-        chat: bool,
         render: _Render,
     ) -> AsyncIterator[str]:
-        """The SSE events of one streamed answer, chat or completion: `render` turns each step
-        (with its log probs, when asked for) into chunk events; usage (in every chunk too, when
-        continuous) and [DONE] follow."""
-        if chat:
-            out = _ChunkEvents(
-                "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
-            )
-        else:
-            out = _ChunkEvents("text_completion", f"cmpl-{prepared.request_id}", self.model_name)
+        """The SSE events of one streamed chat answer: `render` turns each step (with its log
+        probs, when asked for) into chunk events; usage (in every chunk too, when continuous)
+        and [DONE] follow."""
+        out = ChunkEvents(
+            "chat.completion.chunk", f"chatcmpl-{prepared.request_id}", self.model_name
+        )
         params = prepared.params
         want, top = params.return_log_probs, bool(params.top_log_probs)
-        # Completions: where each choice's next token starts in its text (text_offset).
-        offsets = [0 if params.exclude_input_in_output else len(prepared.prompt)] * (
-            params.num_return_sequences
-        )
         usage = TokenCount(len(prepared.prompt_ids))
         async with aclosing(answer_steps(self.generator, prepared, plan)) as steps:
             async for step in steps:
@@ -152,11 +144,7 @@ class StreamRenderer:
                     found = self.log_probs(
                         step.token_ids, step.log_probs, step.top_log_probs if top else None
                     )
-                    if chat:
-                        logprobs = found.chat()
-                    else:
-                        logprobs = found.completion(offsets[step.index])
-                        offsets[step.index] += sum(len(token) for token in found.tokens)
+                    logprobs = found.chat()
                 for chunk in render(out, step, logprobs):
                     if usage_report.continuous:
                         chunk = out.with_usage(chunk, openai_usage(usage))
@@ -165,29 +153,14 @@ class StreamRenderer:
             yield out.usage(openai_usage(usage))
         yield SSE_DONE
 
-    def stream_completion(
-        self, prepared: PreparedRequest, usage: UsageReport
-    ) -> AsyncIterator[str]:
-        def render(out: _ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
-            finish = finish_reason(step.finish_reason)
-            return [
-                out.choice(
-                    step.index,
-                    f'"text":{_json(step.text)},"finish_reason":{_json(finish)},'
-                    f'"logprobs":{_json(logprobs)}',
-                )
-            ]
-
-        return self._stream(prepared, usage, None, False, render)
-
     def stream_chat(
         self, prepared: PreparedRequest, usage: UsageReport, plan: ChatPlan | None = None
     ) -> AsyncIterator[str]:
         if plan is not None and plan.reads_text:
-            return self._stream(prepared, usage, plan, True, _ReadChunks())
+            return self._stream(prepared, usage, plan, _ReadChunks())
         role_sent: set[int] = set()
 
-        def render(out: _ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
+        def render(out: ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
             chunks = []
             if step.index not in role_sent:  # once Triton answered: failures get a status
                 chunks.append(out.choice(step.index, _ROLE_DELTA))
@@ -202,7 +175,7 @@ class StreamRenderer:
             )
             return chunks
 
-        return self._stream(prepared, usage, None, True, render)
+        return self._stream(prepared, usage, None, render)
 
 
 class _ReadChunks:
@@ -212,7 +185,7 @@ class _ReadChunks:
     def __init__(self) -> None:
         self._calls: dict[int, int] = {}  # calls started so far, per sequence
 
-    def __call__(self, out: _ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
+    def __call__(self, out: ChunkEvents, step: AnswerStep, logprobs: Any) -> list[str]:
         chunks = []
         calls = self._calls.get(step.index)
         if calls is None:
@@ -237,7 +210,7 @@ class _ReadChunks:
         return chunks
 
 
-class _ChunkEvents:
+class ChunkEvents:
     """SSE chunk events assembled from a pre-rendered head: this runs once per token, where
     building and dumping pydantic models would dominate the serving cost."""
 

@@ -1,6 +1,23 @@
 """The ways through Triton a request can take, one object each (see :mod:`.base`)."""
 
-from .base import ROUTE_MODELS, Decoder, EngineRoute, Route, RouteRequest
+from .base import (
+    PROMPT_OUTPUTS,
+    PROMPT_SCORER,
+    ROUTE_MODELS,
+    Decoder,
+    EngineRoute,
+    Route,
+    RouteRequest,
+)
 from .factory import make_route
 
-__all__ = ["ROUTE_MODELS", "Decoder", "EngineRoute", "Route", "RouteRequest", "make_route"]
+__all__ = [
+    "PROMPT_OUTPUTS",
+    "PROMPT_SCORER",
+    "ROUTE_MODELS",
+    "Decoder",
+    "EngineRoute",
+    "Route",
+    "RouteRequest",
+    "make_route",
+]

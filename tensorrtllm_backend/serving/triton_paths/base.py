@@ -35,6 +35,14 @@ ROUTE_MODELS = {
     Route.LLMAPI: "tensorrt_llm",
 }
 
+PROMPT_SCORER = "prompt_logprobs"  # the engine workflow's scorer (all_models/.../prompt_logprobs)
+PROMPT_OUTPUTS = (
+    "prompt_log_probs",
+    "prompt_top_token_ids",
+    "prompt_top_log_probs",
+    "prompt_token_ranks",
+)
+
 Decoded = tuple[str, list[int], int, list[float] | None, list[TopLogProbs] | None]
 """One response as (final text, token ids, token count, log probs, their alternatives)."""
 
@@ -68,6 +76,7 @@ class EngineRoute:
     route: Route
     # A TensorRT-LLM engine's KV-cache block size, where it is known (set by the Generator).
     tokens_per_block: int | None = None
+    vocab_size: int | None = None  # the model's vocabulary, where the engine says
     model_name: str
     # Why this route returns one sequence per request (None: it returns several).
     single_sequence: str | None = None
@@ -76,6 +85,8 @@ class EngineRoute:
     # Whether a LoRA adapter's weights travel with its first request (the C++ backend's cache
     # protocol); the llmapi model reads adapters from their path instead.
     sends_lora_weights = True
+    # Why this route cannot take a prompt as token ids (None: it can).
+    no_token_prompts: str | None = None
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -96,6 +107,22 @@ class EngineRoute:
     def decoder(self, params: SamplingParams) -> Decoder:
         """A decoder for one of the request's sequences."""
         raise NotImplementedError
+
+    def score_inputs(self, request: RouteRequest, k: int) -> tuple[str, dict[str, np.ndarray]]:
+        """The model and tensors of a prompt-scoring request (the prompt tokens' log probs, and
+        `k` alternatives at each position): the engine workflow's scorer beside the engine
+        (the `prompt_logprobs` model), whatever route generates."""
+        eos = self.tokenizer.eos_token_id
+        tensors = {
+            "input_ids": np.asarray(request.prompt_ids, dtype=np.int32),
+            "top_log_probs": np.array([k], dtype=np.int32),
+        }
+        end_id = request.params.end_id if request.params.end_id is not None else eos
+        if end_id is not None:
+            tensors["end_id"] = np.array([end_id], dtype=np.int32)
+        if self.vocab_size:
+            tensors["vocab_size"] = np.array([self.vocab_size], dtype=np.int32)
+        return PROMPT_SCORER, tensors
 
     def cached_tokens(self, last: EngineResult) -> int:
         """Prompt tokens the engine found in its KV cache, read from a request's last response

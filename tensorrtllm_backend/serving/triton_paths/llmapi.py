@@ -94,5 +94,18 @@ class LlmapiRoute(DirectRoute):
         outputs = ["output_ids", *optional_outputs(params), CACHED_TOKENS]
         return llmapi_tensors(params, request.prompt_ids, lora), outputs
 
+    def score_inputs(self, request: RouteRequest, k: int) -> tuple[str, dict[str, np.ndarray]]:
+        """The llmapi model scores a prompt itself: one greedy token, with
+        `sampling_param_prompt_logprobs` = k (its adapter reduces the context logits beside the
+        engine)."""
+        params = request.params.model_copy(
+            update={"max_tokens": 1, "return_log_probs": False, "top_log_probs": 0,
+                    "num_return_sequences": 1, "stop": [], "guided_decoding": None,
+                    "temperature": 0.0, "top_p": None, "top_k": None}
+        )  # fmt: skip
+        tensors = llmapi_tensors(params, request.prompt_ids)
+        tensors["sampling_param_prompt_logprobs"] = one(k, np.int32)
+        return self.model_name, tensors
+
     # The model's own count (each sequence's last response), not the C++ backend's blocks.
     cached_tokens = EngineRoute.cached_tokens

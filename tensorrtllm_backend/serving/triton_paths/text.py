@@ -97,6 +97,10 @@ class TextRoute(EngineRoute):
         "top log probs are returned on the direct route (TRTLLM_ROUTE=direct): NVIDIA's "
         "ensemble and BLS models pass no alternatives through"
     )
+    no_token_prompts = (
+        "prompts as token ids are served on the direct route (TRTLLM_ROUTE=direct): the "
+        "ensemble and BLS models tokenize text themselves"
+    )
 
     def stop_words(self, stops: Sequence[str]) -> Sequence[str] | None:
         """The `stop_words` tensor's words (None: the request's stop strings as sent)."""

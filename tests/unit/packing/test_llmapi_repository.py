@@ -62,11 +62,13 @@ OUR_INPUTS = {
     "sampling_param_repetition_penalty", "sampling_param_length_penalty",
     "sampling_param_ignore_eos", "sampling_param_end_id", "sampling_param_pad_id",
     "sampling_param_stop_token_ids", "sampling_param_bad", "sampling_param_bad_token_ids",
-    "sampling_param_logprobs", "guided_decoding_guide_type", "guided_decoding_guide",
+    "sampling_param_logprobs", "sampling_param_prompt_logprobs", "guided_decoding_guide_type",
+    "guided_decoding_guide",
 }  # fmt: skip
 OUR_OUTPUTS = {
     "output_ids", "sequence_index", "output_log_probs", "output_top_token_ids",
-    "output_top_log_probs", "cached_tokens",
+    "output_top_log_probs", "cached_tokens", "prompt_log_probs", "prompt_top_token_ids",
+    "prompt_top_log_probs", "prompt_token_ranks",
 }  # fmt: skip
 
 

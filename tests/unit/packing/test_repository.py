@@ -177,7 +177,9 @@ def test_fill_repository_writes_every_model_filled(tmp_path: Path) -> None:
         text = (repo / model / "config.pbtxt").read_text()
         assert "${" not in text
         config = parse_config(text)
-        assert config.name == model and config.max_batch_size == 8
+        # prompt_logprobs takes one prompt per request (no batch dimension).
+        assert config.name == model
+        assert config.max_batch_size == (0 if model == "prompt_logprobs" else 8)
         assert (repo / model / "1").is_dir()
     assert _read(repo, "tensorrt_llm").backend == "python"
     assert _params(_read(repo, "tensorrt_llm"))["gpt_model_path"] == "engines"

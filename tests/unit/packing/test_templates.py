@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2
 from tensorrtllm_backend.common.model_repository import parse_config
 from tensorrtllm_backend.packing.repository import (
     DEFAULTS,
-    MODEL_NAMES,
+    NVIDIA_MODEL_NAMES,
     TEMPLATES_DIR,
     TYPED_PLACEHOLDERS,
     fill_template,
@@ -129,12 +129,12 @@ def test_contract_transcription_has_the_documented_totals() -> None:
     tensors = sum(len(m["inputs"]) + len(m["outputs"]) for m in CONTRACT["models"].values())
     assert tensors == CONTRACT["expected_counts"]["tensors"] == 223
     assert len(CONTRACT["ensemble_wiring"]) == CONTRACT["expected_counts"]["wiring"] == 77
-    assert set(CONTRACT["models"]) == set(MODEL_NAMES)
+    assert set(CONTRACT["models"]) == set(NVIDIA_MODEL_NAMES)
 
 
 def test_every_tensor_matches_the_contract() -> None:
     matched, problems = 0, []
-    for model in MODEL_NAMES:
+    for model in NVIDIA_MODEL_NAMES:
         model_matched, model_problems = _tensor_mismatches(model)
         matched += model_matched
         problems += model_problems
@@ -149,7 +149,7 @@ def test_our_extras_are_named_in_the_template_header() -> None:
         assert name in header, f"{model}: {name} is not documented in the header"
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize("model", NVIDIA_MODEL_NAMES)
 def test_platform_backend_and_name(model: str) -> None:
     spec = CONTRACT["models"][model]
     text = _template(model)
@@ -163,7 +163,7 @@ def test_platform_backend_and_name(model: str) -> None:
     assert "max_batch_size: ${triton_max_batch_size}" in text
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize("model", NVIDIA_MODEL_NAMES)
 def test_decoupled_policy_only_where_nvidia_has_it(model: str) -> None:
     expected = CONTRACT["models"][model]["decoupled"]
     text = _template(model)
@@ -226,13 +226,13 @@ def test_ensemble_step_tensors_exist_in_the_step_models() -> None:
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize("model", NVIDIA_MODEL_NAMES)
 def test_templates_contain_every_placeholder_the_standard_commands_pass(model: str) -> None:
     missing = set(CONTRACT["must_contain_placeholders"][model]) - placeholders(_template(model))
     assert not missing, f"{model} lacks placeholders {sorted(missing)}"
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize("model", NVIDIA_MODEL_NAMES)
 def test_parameters_match_nvidia(model: str) -> None:
     actual = _raw_parameters(model)
     expected = CONTRACT["parameters"][model]
@@ -281,7 +281,7 @@ def test_dynamic_batching_follows_the_batch_size(model: str) -> None:
     assert batching.default_queue_policy.max_queue_size == 7
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize("model", NVIDIA_MODEL_NAMES)
 def test_headers_note_the_v080_differences(model: str) -> None:
     header = _template(model).split("\nname:", 1)[0]
     assert "c2e65b8" in header and "v0.8.0" in header

@@ -13,7 +13,10 @@ What it holds to the letter, so that a call the real API would reject fails here
   with finish_reason "cancelled", and a per-request failure raises RequestError on iteration.
 
 Its "model" is scripted: sequence i of a request emits the tokens 100 + 10 * i + step, each
-step's log probs ranked (the token itself at rank 1), text "<id>" per token.
+step's log probs ranked (the token itself at rank 1), text "<id>" per token. Asked for context
+logits, it returns :func:`context_logits` of the prompt (a torch tensor, as the PyTorch backend
+does) with its first response, less the `reused_prompt_tokens` rows its KV cache would have
+held (block reuse computes no logits for them).
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ from typing import Any
 
 API = json.loads((Path(__file__).parents[2] / "data" / "llmapi_python_api.json").read_text())
 FAIL_TOKEN = 666  # a prompt holding this id fails while it generates (RequestError)
+VOCAB = 1024
+
+
+def context_logits(prompt: list[int]) -> Any:
+    """The fake's prompt logits [len(prompt), VOCAB]: row t peaks at prompt[t] + 1."""
+    import torch
+
+    ids = torch.arange(VOCAB, dtype=torch.float32)
+    return torch.stack([-((ids - (token + 1)) ** 2) / 50.0 for token in prompt])
 
 
 def _default(text: str) -> Any:
@@ -142,6 +154,9 @@ class RequestOutput:
                 self._error = RequestError("the executor failed on this request")
                 self._queue.put_nowait(None)
                 return
+            if step == 0 and params.return_context_logits:
+                rows = len(self.prompt_token_ids) - self._fake.reused_prompt_tokens
+                self.context_logits = context_logits(self.prompt_token_ids)[-rows:]
             for output in self.outputs:
                 output._last_token_ids_len = len(output.token_ids)
                 output._last_logprobs_len = len(output.logprobs)
@@ -310,6 +325,7 @@ def install(monkeypatch: Any) -> types.ModuleType:
     monkeypatch.setattr(fake, "calls", [])
     monkeypatch.setattr(fake, "llms", [])
     monkeypatch.setattr(fake, "aborted", [])
+    monkeypatch.setattr(fake, "reused_prompt_tokens", 0, raising=False)
     monkeypatch.delitem(
         sys.modules, "tensorrtllm_backend.python_models.llmapi.trtllm", raising=False
     )

@@ -277,3 +277,19 @@ def test_sliding_window_attention_equals_transformers_generate(tmp_path):
         sched.stop()
     for prompt, (req, _) in zip(prompts, reqs, strict=True):
         assert req.generated == reference_greedy(backend.model, prompt, 12)
+
+
+def test_context_logits_are_the_prompts_logits_in_a_joint_step(scheduler, backend, demo_tokenizer):
+    """A request that asks for its prompt's logits gets every position's, also when it joins
+    the step beside others that do not; the others' tokens are unchanged."""
+    scored = encode(demo_tokenizer, PROMPTS[2])
+    plain = encode(demo_tokenizer, PROMPTS[0])
+    req, sink = make_request(scored, 2, context_logits=True)
+    other, other_sink = make_request(plain, 3)
+    run_to_end(scheduler, [(other, other_sink), (req, sink)])
+    with torch.inference_mode():
+        expected = backend.model(torch.tensor([scored])).logits[0].float()
+    assert req.prompt_logits.shape == (len(scored), backend.vocab_size)
+    assert torch.allclose(torch.from_numpy(req.prompt_logits), expected, atol=1e-4)
+    assert other.prompt_logits is None
+    assert other.generated == reference_greedy(backend.model, plain, 3)

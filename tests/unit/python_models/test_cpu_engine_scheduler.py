@@ -297,3 +297,13 @@ def test_stop_cancels_in_flight_requests(make_scheduler):
     scheduler.stop()
     assert sink.done.is_set()
     assert sink.reason is FinishReason.CANCELLED
+
+
+def test_synthetic_context_logits_follow_the_documented_formula():
+    from tensorrtllm_backend.python_models.cpu_engine.synthetic import context_logits
+
+    prompt = [5, 9, 5]
+    logits = context_logits(prompt, 40)
+    assert logits.shape == (3, 40) and logits.dtype.name == "float32"
+    assert (logits[0] == logits[2]).all()  # a function of the token alone
+    assert logits[1, 7] == pytest.approx(-((7 * 7919 + 9 * 104729) % 1000) / 100)

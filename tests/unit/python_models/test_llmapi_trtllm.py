@@ -286,3 +286,36 @@ def test_finalize_shuts_the_llm_down(fake, monkeypatch, tmp_path) -> None:
     model = serve(monkeypatch, tmp_path)
     model.finalize()
     assert fake.llms[0].shut_down
+
+
+def test_prompt_scores_come_from_the_context_logits_beside_the_engine(model, fake) -> None:
+    """sampling_param_prompt_logprobs asks the LLM API for context logits (its own
+    prompt_logprobs leaves the prompt's token out when it is not in the top k), reduces them
+    and answers every prompt token after the first with its log prob, rank and alternatives."""
+    import torch
+
+    prompt = [1, 5, 9, 700]
+    request = harness.token_request(prompt, streaming=True, sampling_param_max_tokens=1,
+                                    sampling_param_prompt_logprobs=2,
+                                    sampling_param_exclude_input_from_output=True)  # fmt: skip
+    model.execute([request])
+    (response,) = request.wait()
+    sent = sampling_params(fake)
+    assert sent["return_context_logits"] is True and "prompt_logprobs" not in sent
+    table = torch.log_softmax(fake_tensorrt_llm.context_logits(prompt), dim=-1)
+    own = [table[t, prompt[t + 1]].item() for t in range(len(prompt) - 1)]
+    assert response["prompt_log_probs"] == pytest.approx(own, abs=1e-5)
+    values, ids = torch.topk(table[:-1], 2, dim=-1)
+    assert response["prompt_top_token_ids"] == ids.tolist()
+    for row, expected in zip(response["prompt_top_log_probs"], values.tolist(), strict=True):
+        assert row == pytest.approx(expected, abs=1e-5)
+    assert response["prompt_token_ranks"][2] > 2  # 700 is far from the peak (10): not in the top
+
+
+def test_prompt_scores_cut_short_by_the_kv_cache_are_refused(model, fake) -> None:
+    fake.reused_prompt_tokens = 2
+    request = harness.token_request([1, 5, 9, 700], sampling_param_max_tokens=1,
+                                    sampling_param_prompt_logprobs=0,
+                                    sampling_param_exclude_input_from_output=True)  # fmt: skip
+    model.execute([request])
+    assert "enable_block_reuse: false" in (request.error() or "")

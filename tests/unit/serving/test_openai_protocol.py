@@ -1,5 +1,6 @@
 """The OpenAI request models' own rules: stream_options only with a stream and how a stream
-reports usage, chat_template_kwargs limited to the template's variables, best_of's ranking."""
+reports usage, chat_template_kwargs limited to the template's variables, best_of's ranking, and
+the four shapes of a completion's prompt."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from pydantic import ValidationError
 
 from tensorrtllm_backend.serving.chat.request import UsageReport
 from tensorrtllm_backend.serving.chat.stream import SequenceAnswer
+from tensorrtllm_backend.serving.openai_api.completions import best_sequences
 from tensorrtllm_backend.serving.openai_api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from tensorrtllm_backend.serving.openai_api.serving import best_sequences
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -62,22 +63,37 @@ def test_best_of_keeps_the_most_likely_sequences_best_first() -> None:
     assert best_sequences(sequences, 4) == sequences
 
 
-async def test_echo_with_logprobs_is_refused_not_answered_with_the_wrong_numbers(
-    demo_tokenizer,
-) -> None:
-    """Prompt log probs are not computed: lm-evaluation-harness's loglikelihood requests (echo,
-    logprobs, max_tokens 1) get a 400, not generated tokens' log probs under an echoed prompt."""
-    from tensorrtllm_backend.serving.chat.core import ChatCore
-    from tensorrtllm_backend.serving.generation import EngineLimits, Generator
-    from tensorrtllm_backend.serving.openai_api.serving import OpenAIServing
-    from tensorrtllm_backend.serving.request_errors import RequestError
-    from tensorrtllm_backend.triton.client import TritonLLMClient
+def completion(prompt: Any) -> CompletionRequest:
+    return CompletionRequest.model_validate_json(json.dumps({"model": "m", "prompt": prompt}))
 
-    client = TritonLLMClient.__new__(TritonLLMClient)  # never called: refused before
-    serving = OpenAIServing(ChatCore(Generator(client, demo_tokenizer, EngineLimits(64, 128)), "m"))
-    request = CompletionRequest.model_validate(
-        {"model": "m", "prompt": "The cat", "echo": True, "logprobs": 1, "max_tokens": 1}
-    )
-    with pytest.raises(RequestError, match="prompt tokens' log probs") as refused:
-        await serving.prepare_completion(request)
-    assert refused.value.param == "echo" and refused.value.status == 400
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [
+        ("The cat", ["The cat"]),
+        (["a", "b"], ["a", "b"]),
+        ([5, 6, 7], [[5, 6, 7]]),
+        ([[5, 6], [7]], [[5, 6], [7]]),
+    ],
+)
+def test_a_prompt_is_a_string_strings_token_ids_or_lists_of_them(
+    prompt: Any, prompts: list[Any]
+) -> None:
+    assert completion(prompt).prompts == prompts
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "empty list"),
+        (["a", " "], "prompt 1 is empty"),
+        ([[1], []], "prompt 1 holds no token ids"),
+        ([1, "a"], "prompt"),
+        ([[1], "a"], "prompt"),
+        ([True], "prompt"),
+        (["x"] * 257, "at most 256"),
+    ],
+)
+def test_malformed_prompts_are_refused_with_what_to_fix(prompt: Any, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        completion(prompt)
