@@ -82,10 +82,21 @@ def big_schema_body(size: int = 250_000) -> bytes:
     return json.dumps({"prompt": PROMPT, "max_tokens": 4, "guided_decoding": guide}).encode()
 
 
+def big_scoring_body(prompts: int = 16, tokens: int = 250) -> bytes:
+    """A completions batch that scores `prompts` prompts of `tokens` token ids with 5
+    alternatives per position (evaluation traffic): accepted, and answered with ~25k log-prob
+    entries (about a megabyte of JSON) rendered off the event loop."""
+    batch = [[(7 * p + 3 * t) % 1500 + 10 for t in range(tokens)] for p in range(prompts)]
+    body = {"model": MODEL, "prompt": batch, "echo": True, "logprobs": 5, "max_tokens": 0}
+    return json.dumps(body).encode()
+
+
+# (path, body maker, the status expected, a phrase of the answer)
 BIG_REQUESTS = [
-    ("/v1/chat/completions", big_tools_body, "max_input_len"),
-    ("/generate_text", big_prompt_body, "max_input_len"),
-    ("/generate_text", big_schema_body, "does not compile"),
+    ("/v1/chat/completions", big_tools_body, 400, "max_input_len"),
+    ("/generate_text", big_prompt_body, 400, "max_input_len"),
+    ("/generate_text", big_schema_body, 400, "does not compile"),
+    ("/v1/completions", big_scoring_body, 200, "token_logprobs"),
 ]
 
 
@@ -131,28 +142,29 @@ def largest_gap(
 STALL_BOUND_S = 0.25
 
 
-def big_bodies() -> list[tuple[str, bytes, str]]:
-    """(path, body, a phrase of the 400's message) of each huge request."""
-    return [(path, make(), expect) for path, make, expect in BIG_REQUESTS]
+def big_bodies() -> list[tuple[str, bytes, int, str]]:
+    """(path, body, status, a phrase of the answer) of each huge request."""
+    return [(path, make(), status, expect) for path, make, status, expect in BIG_REQUESTS]
 
 
-def send_big_requests(url: str, bodies: list[tuple[str, bytes, str]]) -> None:
+def send_big_requests(url: str, bodies: list[tuple[str, bytes, int, str]]) -> None:
     """Send the huge requests one after another, as one client would, and check each is
-    refused for its size."""
+    refused for its size (or, the scoring batch, answered)."""
     with httpx.Client(base_url=url, timeout=120) as client:
-        for path, content, expect in bodies:
-            assert len(content) >= 240_000
+        for path, content, status, expect in bodies:
+            assert len(content) >= 15_000
             response = client.post(
                 path, content=content, headers={"content-type": "application/json"}
             )
-            assert response.status_code == 400, (path, response.status_code, response.text[:300])
+            assert response.status_code == status, (path, response.status_code, response.text[:300])
             assert expect in response.text, (path, response.text[:300])
 
 
 def test_huge_requests_do_not_stall_a_running_stream(demo_server: BentoServer) -> None:
     """The largest inter-token gap of a stream grows by less than STALL_BOUND_S while another
     client sends a 1 MB tools list, a 2 MB prompt and a 250 KB schema (each refused, after the
-    work its size costs: parsing and rendering the tools, the meta-schema check).
+    work its size costs: parsing and rendering the tools, the meta-schema check), and a batch
+    of prompts to score (answered: ~25k log-prob entries).
 
     Each attempt measures the same stream's largest gap with the huge requests, then for as long
     again without them. The development machine has two cores shared with other test runs,

@@ -197,3 +197,22 @@ def test_the_official_client_streams_a_token_batch(server, model, prompts) -> No
     ):
         seen.update(choice.index for choice in chunk.choices)
     assert seen == {0, 1, 2}
+
+
+def test_chat_prompt_logprobs_score_the_rendered_prompt(server, model, demo_tokenizer, reference):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    body = {"model": model, "messages": messages, "max_tokens": 2, "prompt_logprobs": 0}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).json()
+    rendered = demo_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    ids = list(demo_tokenizer.encode(rendered, add_special_tokens=False))  # as chat sends it
+    entries = answer["prompt_logprobs"]
+    assert len(entries) == len(ids) == answer["usage"]["prompt_tokens"]
+    expected = expected_prompt_log_probs(reference, ids)
+    got = [entries[t][str(ids[t])]["logprob"] for t in range(1, len(ids))]
+    assert got == pytest.approx(expected, abs=TOLERANCE)
+    streamed = httpx.post(
+        f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    )
+    assert streamed.status_code == 400 and "not streamed" in streamed.text

@@ -17,6 +17,7 @@ likely tokens and the prompt's own. `max_tokens: 0` with echo scores without gen
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from ..schemas import MAX_RETURN_SEQUENCES, FinishReason
 from ..translation import PromptLogProbs
 from ..web.sse import SSE_DONE
 from .merge import merged
+from .prompt_logprobs import vllm_prompt_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from .streams import ChunkEvents, LogProbs, finish_reason, openai_usage
 
@@ -143,15 +145,20 @@ class CompletionServing:
         return plan
 
     # -- whole answers -----------------------------------------------------------------------
-    async def complete(self, plan: _Plan, request: CompletionRequest) -> CompletionResponse:
-        """Every prompt's whole answer; best_of keeps each prompt's n sequences of highest
+    async def complete(self, plan: _Plan, request: CompletionRequest) -> bytes:
+        """Every prompt's whole answer, as its JSON body (a scored batch's is megabytes: built
+        and encoded off the event loop); best_of keeps each prompt's n sequences of highest
         cumulative log probability (usage counts every one generated)."""
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self._whole(job)) for job in plan.jobs]
         answers = [task.result() for task in tasks]
         size = sum(answer.render_size for answer in answers)
         size += sum(len(job.prepared.prompt_ids) * ((job.score or 0) + 1) for job in plan.jobs)
-        return await self.generator.offloader.run(size, self._response, plan, answers, request.n)
+        return await self.generator.offloader.run(size, self._body, plan, answers, request.n)
+
+    def _body(self, plan: _Plan, answers: list[WholeAnswer], n: int) -> bytes:
+        body = self._response(plan, answers, n).to_json()
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
     async def _whole(self, job: Job) -> WholeAnswer:
         if job.score is not None:
@@ -275,8 +282,6 @@ def _nothing_generated(prepared: PreparedRequest) -> WholeAnswer:
 
 
 def _text_body(text: str, finish: FinishReason | None, logprobs: Any) -> str:
-    import json
-
     return (
         f'"text":{json.dumps(text)},"finish_reason":{json.dumps(finish_reason(finish))},'
         f'"logprobs":{json.dumps(logprobs)}'
@@ -297,7 +302,11 @@ class _PromptPart:
         self._strings = serving.generator.token_strings
         self.length = len(self.text)  # where the generated text starts
         self.legacy = self._legacy()
-        self.vllm = self._vllm()
+        self.vllm = (
+            None
+            if plan.prompt_logprobs is None or job.scores is None
+            else vllm_prompt_logprobs(job.scores, self._ids, plan.prompt_logprobs, self._strings)
+        )
 
     def _legacy(self) -> dict[str, Any] | None:
         """The echoed prompt's entries of the legacy log probs (None without them)."""
@@ -337,30 +346,6 @@ class _PromptPart:
             generated["top_logprobs"] or [None] * len(generated["tokens"])
         )
         return joined
-
-    def _vllm(self) -> list[dict[str, dict[str, Any]] | None] | None:
-        """vLLM's `prompt_logprobs`: null for the first token, then each token's entry (its log
-        prob, rank and text) with the k most likely at its position, by token id."""
-        k = self._plan.prompt_logprobs
-        if k is None or self._scores is None:
-            return None
-        scores = self._scores
-        alternatives = scores.top or [([], [])] * len(scores.log_probs)
-        named = [i for ids, _ in alternatives for i in ids[:k]]
-        texts = dict(zip(named + self._ids, self._strings(named + self._ids), strict=True))
-        entries: list[dict[str, dict[str, Any]] | None] = [None]
-        for token, value, rank, (ids, values) in zip(
-            self._ids[1:], scores.log_probs, scores.ranks, alternatives, strict=True
-        ):
-            entry = {str(token): _vllm_entry(value, rank, texts[token])}
-            for place, (i, lp) in enumerate(zip(ids[:k], values[:k], strict=True), start=1):
-                entry.setdefault(str(i), _vllm_entry(lp, place, texts[i]))
-            entries.append(entry)
-        return entries
-
-
-def _vllm_entry(log_prob: float, rank: int, text: str) -> dict[str, Any]:
-    return {"logprob": log_prob, "rank": rank, "decoded_token": text}
 
 
 def _check_best_of(request: CompletionRequest, candidates: int) -> None:

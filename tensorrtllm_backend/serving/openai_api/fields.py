@@ -89,6 +89,12 @@ CHAT_FIELDS = rules.FieldTable(
         *_sampling(),
         rules.honoured("logprobs", "", True),
         rules.honoured("top_logprobs", "up to 20 (with logprobs)", None),
+        rules.honoured(
+            "prompt_logprobs",
+            "vLLM's: the rendered prompt's token log probs, ranks and up to 20 alternatives "
+            "(not streamed)",
+            1,
+        ),
         rules.honoured("tools", "function tools, shown to the chat template", None),
         rules.mapped(
             "tool_choice",

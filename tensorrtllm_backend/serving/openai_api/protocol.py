@@ -36,6 +36,8 @@ class ChatCompletionRequest(ChatRequest, _OpenAIHints):
     """OpenAI's chat completions: the chat core's request, and OpenAI's own fields."""
 
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # vLLM's: the rendered prompt's token log probs, with this many alternatives per position.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
 
     def unsupported(self) -> tuple[str, str] | None:
         return self.refused_by(CHAT_FIELDS, self.n)
@@ -152,6 +154,7 @@ class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # vLLM's
 
     def to_json(self) -> dict[str, Any]:
         """Absent optional fields left out, except a message's content: null is OpenAI's answer

@@ -38,8 +38,8 @@ def build_openai_app(
         if parsed.stream:
             events = server.stream(plan, parsed.usage_report())
             return await streaming_response(events, server.core.stream_interval)
-        response = await server.complete(plan, parsed)
-        return JSONResponse(response.to_json())
+        body = await server.complete(plan, parsed)
+        return Response(body, media_type="application/json")
 
     async def chat_completions(request: Request) -> Response:
         server = current()
@@ -49,7 +49,8 @@ def build_openai_app(
         if parsed.stream:
             events = server.stream_chat(prepared, parsed.usage_report(), plan)
             return await streaming_response(events, server.core.stream_interval)
-        return JSONResponse((await server.chat(prepared, plan)).to_json())
+        answer = await server.chat(prepared, plan, parsed.prompt_logprobs)
+        return JSONResponse(answer.to_json())
 
     async def models(request: Request) -> Response:
         core = endpoints.core()

@@ -13,6 +13,8 @@ from ..chat.core import ChatCore
 from ..chat.events import CallStart
 from ..chat.stream import SequenceAnswer, WholeAnswer, answer_steps, collect
 from ..generation import PreparedRequest
+from ..request_errors import RequestError
+from .prompt_logprobs import vllm_prompt_logprobs
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -38,17 +40,40 @@ class OpenAIServing(StreamRenderer):
             template = {"reasoning_effort": request.reasoning_effort}
             template.update(request.chat_template_kwargs or {})
             request = request.model_copy(update={"chat_template_kwargs": template})
-        return await self.core.prepare(request, size, CHAT_LABEL)
+        if request.prompt_logprobs is not None and request.stream:
+            raise RequestError(
+                "prompt_logprobs are not streamed: send stream false", param="prompt_logprobs"
+            )
+        prepared, plan = await self.core.prepare(request, size, CHAT_LABEL)
+        if request.prompt_logprobs is not None:
+            self.generator.check_scoring(prepared, request.prompt_logprobs)
+        return prepared, plan
 
     # -- whole answers -----------------------------------------------------------------------
     async def chat(
-        self, prepared: PreparedRequest, plan: ChatPlan | None = None
+        self,
+        prepared: PreparedRequest,
+        plan: ChatPlan | None = None,
+        prompt_logprobs: int | None = None,
     ) -> ChatCompletionResponse:
+        """The whole answer; with `prompt_logprobs` (vLLM's), the rendered prompt's scores with
+        that many alternatives per position."""
+        scores = None
+        if prompt_logprobs is not None:
+            scores = await self.generator.score(prepared, prompt_logprobs)
         reads = plan if plan is not None and plan.reads_text else None
         answer = await collect(prepared, answer_steps(self.generator, prepared, reads))
-        return await self.generator.offloader.run(
+        response = await self.generator.offloader.run(
             answer.render_size, self._chat_response, prepared, answer, reads is not None
         )
+        if scores is not None:
+            assert prompt_logprobs is not None
+            response.prompt_logprobs = await self.generator.offloader.run(
+                len(prepared.prompt_ids) * (prompt_logprobs + 1),
+                vllm_prompt_logprobs, scores, prepared.prompt_ids, prompt_logprobs,
+                self.generator.token_strings,
+            )  # fmt: skip
+        return response
 
     def _chat_response(
         self, prepared: PreparedRequest, answer: WholeAnswer, read: bool
