@@ -195,8 +195,8 @@ class TRTLLM:
 
 TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
-# /tokenize and /detokenize at the root, as vLLM serves them (BentoML's mounts answer only the
-# paths their routes match, so the root stays BentoML's).
+# /tokenize, /detokenize and /tokenizer_info at the root, as vLLM serves them (BentoML's mounts
+# answer only the paths their routes match, so the root stays BentoML's).
 TRTLLM.mount_asgi_app(root_app(_current_chat), path="/")
 
 

@@ -66,6 +66,7 @@ APIS: tuple[API, ...] = (
     # vLLM's, at the root: a root app mounted on BentoML's (api_surface.py).
     API("/tokenize", ErrorStyle.OPENAI),
     API("/detokenize", ErrorStyle.OPENAI),
+    API("/tokenizer_info", ErrorStyle.OPENAI),
     # Any other path under /v1: an error object, not BentoML's plain-text 404.
     API("/v1/{path:path}", ErrorStyle.OPENAI),
     # BentoML's own endpoints and the optional relay of Triton's metrics.

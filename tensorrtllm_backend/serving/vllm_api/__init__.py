@@ -1,1 +1,2 @@
-"""vLLM's own routes beside the OpenAI API: /tokenize and /detokenize, at the root."""
+"""vLLM's own routes beside the OpenAI API, at the root: /tokenize, /detokenize and
+/tokenizer_info."""

@@ -5,14 +5,16 @@ the root, not under /v1, and so does this service).
 /v1/chat/completions renders them (special tokens are then already in the text, so
 `add_special_tokens` defaults to false, as in vLLM); it answers the token ids, their count and the
 engine's `max_model_len`, with each token's text when `return_token_strs` is true. `/detokenize`
-turns token ids back into text.
+turns token ids back into text. Fields these requests do not know are logged and ignored, as vLLM
+ignores them: clients written for vLLM send its other fields (`GET /tokenizer_info` describes the
+tokenizer itself, :mod:`.tokenizer_info`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -25,8 +27,6 @@ from ..web.endpoints import Endpoints
 
 class TokenizeRequest(RequestModel):
     """A prompt or chat messages (exactly one of them)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     prompt: str | None = None
@@ -45,8 +45,6 @@ class TokenizeRequest(RequestModel):
 
 
 class DetokenizeRequest(RequestModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     model: str | None = None
     tokens: list[int] = Field(..., max_length=1_000_000)
 
