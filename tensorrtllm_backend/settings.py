@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     # The Responses API's tools that run on OpenAI's side (web_search...): left out of what the
     # model is offered, with a log line, or refused with a 400.
     hosted_tools: Literal["omit", "reject"] = "omit"
+    # /v1/completions: whether a text prompt gets the tokenizer's special tokens (BOS), as
+    # vLLM's add_special_tokens; a request's own field wins.
+    completions_add_special_tokens: bool = True
     # The key that seals reasoning items for stateless clients (32 bytes, base64); without one,
     # `bentoml serve` makes one per start (serving/responses_api/sealing.py).
     reasoning_key: SecretStr | None = None

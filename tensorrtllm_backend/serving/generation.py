@@ -214,6 +214,16 @@ class Generator:
             )
         if not prompt_ids:
             raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
+        return self._one_bos(prompt, prompt_ids) if add_special_tokens else prompt_ids
+
+    def _one_bos(self, prompt: str, prompt_ids: list[int]) -> list[int]:
+        """A text that starts with the BOS token's own text gets no second BOS from the
+        tokenizer: an evaluation harness that sends its tokens decoded back to text (BOS
+        included) is scored on exactly its tokens."""
+        bos = self.tokenizer.bos_token_id
+        text = self.tokenizer.bos_token
+        if bos is not None and text and prompt.startswith(text) and prompt_ids[:2] == [bos, bos]:
+            return prompt_ids[1:]
         return prompt_ids
 
     def _check_token_ids(self, token_ids: list[int]) -> list[int]:

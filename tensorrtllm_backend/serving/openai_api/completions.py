@@ -72,10 +72,13 @@ class _Plan:
 class CompletionServing:
     """`/v1/completions` of the served model."""
 
-    def __init__(self, core: ChatCore) -> None:
+    def __init__(self, core: ChatCore, add_special_tokens: bool = True) -> None:
+        """`add_special_tokens`: whether text prompts get the tokenizer's special tokens when
+        the request does not say (TRTLLM_COMPLETIONS_ADD_SPECIAL_TOKENS)."""
         self.core = core
         self.generator = core.generator
         self.model_name = core.model_name
+        self.add_special_tokens = add_special_tokens
 
     # -- preparing ---------------------------------------------------------------------------
     async def prepare(self, request: CompletionRequest, size: int = 0) -> _Plan:
@@ -120,12 +123,14 @@ class CompletionServing:
             params = params.model_copy(update={"num_return_sequences": candidates})
         param = constraint.param if constraint else None
         share = max(1, size // len(prompts))
+        special = request.add_special_tokens
+        special = self.add_special_tokens if special is None else special
         for position, prompt in enumerate(prompts):
             text, ids = (prompt, None) if isinstance(prompt, str) else ("", prompt)
             try:
                 prepared = await self.core.admit(
                     request, text, params, param, COMPLETIONS_LABEL, share,
-                    top_param="logprobs", token_ids=ids,
+                    top_param="logprobs", token_ids=ids, add_special_tokens=special,
                 )  # fmt: skip
                 if score is not None:
                     self.generator.check_scoring(prepared, score)

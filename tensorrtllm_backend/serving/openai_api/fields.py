@@ -161,6 +161,12 @@ COMPLETIONS_FIELDS = rules.FieldTable(
             1,
         ),
         rules.honoured("best_of", "the n most likely of best_of sequences (not streamed)", None),
+        rules.honoured(
+            "add_special_tokens",
+            "vLLM's: whether a text prompt gets the tokenizer's special tokens (default: "
+            "TRTLLM_COMPLETIONS_ADD_SPECIAL_TOKENS, true)",
+            True,
+        ),
         rules.refused("suffix", "suffix is not supported", "end"),
     ],
 )

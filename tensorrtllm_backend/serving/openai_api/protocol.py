@@ -57,6 +57,8 @@ class CompletionRequest(SamplingFields, _OpenAIHints):
     logprobs: int | None = Field(None, ge=0, le=5)
     # vLLM's: the prompt tokens' log probs, with this many alternatives at each position.
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    # vLLM's: a text prompt with the tokenizer's special tokens (None: the server's setting).
+    add_special_tokens: bool | None = None
     suffix: str | None = None
     # Sequences generated to answer the n most likely (by cumulative log probability).
     best_of: int | None = Field(None, ge=1)

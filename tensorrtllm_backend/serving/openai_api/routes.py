@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ...settings import load_settings
 from ..web.endpoints import ALL_METHODS, CoreProvider, Endpoints, no_route, streaming_response
 from .completions import CompletionServing
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -26,12 +27,13 @@ def build_openai_app(
     `extra_routes`: the routes of the other APIs served under /v1 (:mod:`..api_surface`)."""
     endpoints = Endpoints(get_core)
     parse, handler = endpoints.parse, endpoints.handler
+    add_special_tokens = load_settings().completions_add_special_tokens
 
     def current() -> OpenAIServing:
         return OpenAIServing(endpoints.core())
 
     async def completions(request: Request) -> Response:
-        server = CompletionServing(endpoints.core())
+        server = CompletionServing(endpoints.core(), add_special_tokens)
         parsed, size = await parse(request, server.core, CompletionRequest)
         assert isinstance(parsed, CompletionRequest)
         plan = await server.prepare(parsed, size)

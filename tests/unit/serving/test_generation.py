@@ -199,3 +199,26 @@ async def test_top_log_probs_are_refused_where_no_alternatives_come_back(tokeniz
             assert tensors["return_log_probs"].tolist() == [[True]]
         else:
             assert tensors["sampling_param_logprobs"].tolist() == [2]
+
+
+def test_a_text_that_starts_with_bos_gets_no_second_one(generator: Generator, tokenizer) -> None:
+    bos = tokenizer.bos_token_id
+    plain = generator.prepare("The cat", SamplingParams(max_tokens=1))
+    assert plain.prompt_ids[0] == bos and plain.prompt_ids[1] != bos
+    led = generator.prepare(f"{BOS}The cat", SamplingParams(max_tokens=1))
+    assert led.prompt_ids == plain.prompt_ids
+    as_sent = generator.prepare("The cat", SamplingParams(max_tokens=1), add_special_tokens=False)
+    assert as_sent.prompt_ids == plain.prompt_ids[1:]
+
+
+def test_token_id_prompts_are_checked_and_echo_their_text(generator: Generator, tokenizer) -> None:
+    ids = list(tokenizer.encode("The cat"))
+    if generator.route is Route.BLS:  # the text routes' models tokenize text themselves
+        with pytest.raises(RequestError, match="TRTLLM_ROUTE=direct"):
+            generator.prepare("", SamplingParams(max_tokens=1), token_ids=ids)
+        return
+    prepared = generator.prepare("", SamplingParams(max_tokens=1), token_ids=ids)
+    assert prepared.prompt_ids == ids and prepared.prompt == tokenizer.decode(ids)
+    for bad, message in (([], "no token ids"), ([1, len(tokenizer)], "outside the vocabulary")):
+        with pytest.raises(RequestError, match=message):
+            generator.prepare("", SamplingParams(max_tokens=1), token_ids=bad)
