@@ -169,7 +169,8 @@ class Generator:
             if self.path.no_token_prompts is not None:
                 raise RequestError(self.path.no_token_prompts, param="prompt")
             prompt_ids = self._check_token_ids(token_ids)
-            prompt = self.tokenizer.decode(prompt_ids)
+            # Their text as a text prompt's echo shows it: special tokens (a BOS) left out.
+            prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
         else:
             prompt_ids = self._encode(prompt, add_special_tokens)
         room = limits.max_seq_len - len(prompt_ids)

@@ -23,6 +23,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...common.tokenization import IncrementalDetokenizer
 from ..apis import COMPLETIONS_LABEL
 from ..chat.core import ChatCore
 from ..chat.output_format import output_constraint
@@ -305,6 +306,7 @@ class _PromptPart:
         self._scores = job.scores
         self._ids = prepared.prompt_ids
         self._strings = serving.generator.token_strings
+        self._tokenizer = serving.generator.tokenizer
         self.length = len(self.text)  # where the generated text starts
         self.legacy = self._legacy()
         self.vllm = (
@@ -320,10 +322,6 @@ class _PromptPart:
             return None
         scores = self._scores
         tokens = self._strings(self._ids)
-        offsets, offset = [], 0
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
         top: list[dict[str, float] | None] = [None]
         alternatives = scores.top or [([], [])] * len(scores.log_probs)
         texts = iter(self._strings([i for ids, _ in alternatives for i in ids[:k]]))
@@ -334,11 +332,22 @@ class _PromptPart:
             entry.setdefault(token, value)  # the prompt's own token, as OpenAI lists it
             top.append(entry)
         return {
-            "text_offset": offsets,
+            "text_offset": self._offsets(),
             "tokens": tokens,
             "token_logprobs": [None, *scores.log_probs],
             "top_logprobs": top,
         }
+
+    def _offsets(self) -> list[int]:
+        """Where each prompt token's text starts in the echoed text: the prompt decoded token
+        by token, so that special tokens (a BOS) take no room and a piece's leading space or a
+        character split over two tokens lands where the whole text has it."""
+        detokenizer = IncrementalDetokenizer(self._tokenizer)
+        offsets, offset = [], 0
+        for token in self._ids:
+            offsets.append(offset)
+            offset += len(detokenizer.feed([token]))
+        return offsets
 
     def join(self, generated: dict[str, Any]) -> dict[str, Any]:
         """The legacy log probs of a choice: the echoed prompt's entries, then `generated`."""

@@ -218,7 +218,8 @@ def test_token_id_prompts_are_checked_and_echo_their_text(generator: Generator, 
             generator.prepare("", SamplingParams(max_tokens=1), token_ids=ids)
         return
     prepared = generator.prepare("", SamplingParams(max_tokens=1), token_ids=ids)
-    assert prepared.prompt_ids == ids and prepared.prompt == tokenizer.decode(ids)
+    assert prepared.prompt_ids == ids
+    assert prepared.prompt == tokenizer.decode(ids, skip_special_tokens=True) == "The cat"
     for bad, message in (([], "no token ids"), ([1, len(tokenizer)], "outside the vocabulary")):
         with pytest.raises(RequestError, match=message):
             generator.prepare("", SamplingParams(max_tokens=1), token_ids=bad)
