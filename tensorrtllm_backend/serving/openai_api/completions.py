@@ -217,30 +217,49 @@ class CompletionServing:
         usage = TokenCount(sum(len(job.prepared.prompt_ids) for job in plan.jobs))
         # Where each choice's next token starts in its text (text_offset).
         offsets: dict[int, int] = {}
-        async with aclosing(merged([self._job_steps(plan, job) for job in plan.jobs])) as items:
-            async for position, item in items:
-                if isinstance(item, _PromptPart):
-                    for sequence in range(n):
-                        index = position * n + sequence
-                        offsets[index] = item.length
-                        yield out.choice(index, _text_body(item.text, None, item.legacy))
-                    continue
-                step: AnswerStep = item
-                usage.add(step)
-                index = position * n + step.index
-                logprobs = None
-                if plan.logprobs is not None and step.token_ids:
-                    found = self._log_probs(step, plan.logprobs)
-                    offset = offsets.get(index, 0)
-                    logprobs = found.completion(offset)
-                    offsets[index] = offset + sum(len(token) for token in found.tokens)
-                chunk = out.choice(index, _text_body(step.text, step.finish_reason, logprobs))
-                if report.continuous:
-                    chunk = out.with_usage(chunk, openai_usage(usage))
-                yield chunk
+
+        def render(position: int, item: AnswerStep | _PromptPart) -> list[str]:
+            if isinstance(item, _PromptPart):
+                chunks = []
+                for sequence in range(n):
+                    index = position * n + sequence
+                    offsets[index] = item.length
+                    chunks.append(out.choice(index, _text_body(item.text, None, item.legacy)))
+                return chunks
+            usage.add(item)
+            index = position * n + item.index
+            logprobs = None
+            if plan.logprobs is not None and item.token_ids:
+                found = self._log_probs(item, plan.logprobs)
+                offset = offsets.get(index, 0)
+                logprobs = found.completion(offset)
+                offsets[index] = offset + sum(len(token) for token in found.tokens)
+            chunk = out.choice(index, _text_body(item.text, item.finish_reason, logprobs))
+            if report.continuous:
+                chunk = out.with_usage(chunk, openai_usage(usage))
+            return [chunk]
+
+        if len(plan.jobs) == 1:  # no merging layer on the per-token path
+            async with aclosing(self._items(plan, plan.jobs[0])) as items:  # type: ignore[type-var]
+                async for item in items:
+                    for chunk in render(0, item):
+                        yield chunk
+        else:
+            sources = [self._items(plan, job) for job in plan.jobs]
+            async with aclosing(merged(sources)) as tagged:
+                async for position, item in tagged:
+                    for chunk in render(position, item):
+                        yield chunk
         if report.final:
             yield out.usage(openai_usage(usage))
         yield SSE_DONE
+
+    def _items(self, plan: _Plan, job: Job) -> AsyncIterator[AnswerStep | _PromptPart]:
+        """One prompt's items: its answer's steps as the core yields them, or, with an echo or
+        scores, :meth:`_job_steps`."""
+        if job.generate and job.score is None and not plan.echo:
+            return answer_steps(self.generator, job.prepared)
+        return self._job_steps(plan, job)
 
     async def _job_steps(self, plan: _Plan, job: Job) -> AsyncIterator[AnswerStep | _PromptPart]:
         """One prompt's items: its echoed prompt (once its scores are known), then its steps."""
