@@ -364,8 +364,10 @@ def test_idle_keep_alive_connection_outlives_common_client_expiry(
 
 def test_direct_route_starts_only_the_engine_model(demo_server: BentoServer) -> None:
     """The direct route never calls the ensemble's Python models, so Triton does not load them:
-    one python stub (the CPU engine in the tensorrt_llm slot), not five."""
+    two python stubs (the CPU engine in the tensorrt_llm slot, the prompt scorer beside it),
+    not six."""
     stubs = [
         " ".join(p.cmdline()) for p in demo_server.tritons() if "backend_stub" in p.cmdline()[0]
     ]
-    assert len(stubs) == 1 and "/tensorrt_llm" in stubs[0], stubs
+    assert len(stubs) == 2, stubs
+    assert sorted(stub.split()[-2] for stub in stubs) == ["prompt_logprobs_0_0", "tensorrt_llm_0_0"]

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorrtllm_backend.serving.worker_load import BOARD_NAME
 from tensorrtllm_backend.triton.command import port_free
 from tests.integration.conftest import BentoServer, serves_requests
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +157,9 @@ def test_a_worker_takes_over_when_the_owner_dies(two_workers: BentoServer) -> No
     new_owner = new_triton.parent()
     assert new_owner.pid in {worker.pid for worker in _workers(server)} - {owner.pid}
     if new_owner.pid == survivor.pid:
-        assert f"this worker (pid {survivor.pid}) took over" in server.log()
+        # Logged once every model is loaded, which may be after the engine already serves.
+        line = f"this worker (pid {survivor.pid}) took over"
+        assert wait_for(lambda: line in server.log(), timeout=60), server.log()[-3000:]
     assert _generate_many(server.url, 16) == [8] * 16
 
     tritons = server.tritons()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,9 +155,7 @@ class CompletionServing:
         """Every prompt's whole answer, as its JSON body (a scored batch's is megabytes: built
         and encoded off the event loop); best_of keeps each prompt's n sequences of highest
         cumulative log probability (usage counts every one generated)."""
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._whole(job)) for job in plan.jobs]
-        answers = [task.result() for task in tasks]
+        answers = await _all([self._whole(job) for job in plan.jobs])
         size = sum(answer.render_size for answer in answers)
         size += sum(len(job.prepared.prompt_ids) * ((job.score or 0) + 1) for job in plan.jobs)
         return await self.generator.offloader.run(size, self._body, plan, answers, request.n)
@@ -275,6 +273,20 @@ class CompletionServing:
         async with aclosing(answer_steps(self.generator, job.prepared)) as steps:
             async for step in steps:
                 yield step
+
+
+async def _all(jobs: list[Coroutine[Any, Any, WholeAnswer]]) -> list[WholeAnswer]:
+    """Every job's answer; the first failure is raised as it is (the API maps it to its status:
+    a TaskGroup would wrap it in an ExceptionGroup) once the other jobs are cancelled."""
+    if len(jobs) == 1:
+        return [await jobs[0]]
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _score_alternatives(request: CompletionRequest) -> int | None:
