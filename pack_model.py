@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-seq-len", type=int, help="default: 2048 (llmapi: max_position_embeddings)"
     )
     cpu.add_argument(
+        "--tokens-per-block",
+        type=int,
+        default=32,
+        help="tokens per KV-cache block of the prefix cache (--enable-kv-cache-reuse true; "
+        "TensorRT-LLM's name and default)",
+    )
+    cpu.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
         default="auto",

@@ -35,10 +35,18 @@ class PretrainedConfig(BaseModel):
     mapping: Mapping = Field(default_factory=Mapping)
 
 
+class PluginConfig(BaseModel):
+    """The KV cache's block size, where trtllm-build writes it."""
+
+    model_config = ConfigDict(extra="allow")
+    tokens_per_block: int = Field(default=32, gt=0)  # trtllm-build's default
+
+
 class BuildConfig(BaseModel):
     """Engine limits that requests are validated against (as TensorRT-LLM does)."""
 
     model_config = ConfigDict(extra="allow")
+    plugin_config: PluginConfig = Field(default_factory=PluginConfig)
     max_batch_size: int = Field(default=64, gt=0)
     max_input_len: int = Field(default=1024, gt=0)
     max_seq_len: int = Field(default=1280, gt=0)
@@ -140,6 +148,7 @@ def write_engine_dir(
     max_seq_len: int | None = None,
     max_beam_width: int = 1,
     max_num_tokens: int = 8192,
+    tokens_per_block: int = 32,
     ttft_ms: float = 0.0,
     itl_ms: float = 0.0,
     seed: int = 0,
@@ -171,6 +180,7 @@ def write_engine_dir(
             max_seq_len=max_seq_len if max_seq_len is not None else max_input_len + 256,
             max_beam_width=max_beam_width,
             max_num_tokens=max_num_tokens,
+            plugin_config=PluginConfig(tokens_per_block=tokens_per_block),
         ),
         cpu_engine=CpuEngineSection(
             mode=mode,

@@ -61,7 +61,7 @@ def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pat
             vocab_size=int(config.get("vocab_size") or len(tokenizer)),
             eos_token_id=int(tokenizer.eos_token_id),
             architecture=(config.get("architectures") or ["CausalLM"])[0],
-            device=args.device, **limits,
+            device=args.device, tokens_per_block=args.tokens_per_block, **limits,
         )  # fmt: skip
     elif source == "scripted":
         # The scripted engine reads and writes text with the tokenizer alone: no weights.

@@ -57,7 +57,8 @@ class EngineLimits:
 
     @classmethod
     def from_engine(cls, info: EngineInfo) -> EngineLimits:
-        per_block = info.tokens_per_block if info.kind == "tensorrt_llm" else None
+        # The C++ backend's and the CPU engine's reused blocks x this = cached prompt tokens.
+        per_block = info.tokens_per_block
         return cls(
             info.max_input_len, info.max_seq_len, info.max_beam_width, info.max_batch_size,
             per_block, info.vocab_size,

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .block_cache import BlockTable, chain_hashes
 from .request import GenRequest
 from .sampling import select_token
 from .scheduler import StepResult
@@ -34,9 +35,11 @@ ATTENTION = "trtllm_packed_step"
 @dataclass(slots=True)
 class _SeqState:
     generator: torch.Generator
-    length: int = 0  # tokens in its cache; 0 until its prompt went through a forward
+    length: int = 0  # tokens in its cache (its reused prefix, before its prompt's forward)
     slot: int = -1  # its row of the slot cache, while it is in the batch
     matcher: object = None  # xgrammar.GrammarMatcher of a guided request
+    fed: bool = False  # its prompt went through a forward
+    reused: torch.Tensor | None = None  # block ids of its reused prefix, copied in at its join
 
 
 @dataclass(slots=True)
@@ -56,8 +59,12 @@ class _StepLayout:
     decode_mask: torch.Tensor  # [slots, 1, 1, width] the columns each row's query sees
     join_slots: torch.Tensor  # [joiners]
     join_mask: torch.Tensor  # [joiners, 1, span, span] causal, within each prompt
-    join_gather: torch.Tensor  # [joiners * span] packed index of (joiner, column); padding: 0
-    join_valid: torch.Tensor  # [prompt tokens] the (joiner, column) entries that hold a token
+    join_gather: torch.Tensor  # [joiners * span] packed index of (joiner, query); padding: 0
+    join_valid: torch.Tensor  # [prompt tokens] the (joiner, query) entries that hold a token
+    join_query_columns: torch.Tensor  # [joiners, span] each query's column
+    # (slot, block ids) of each joiner's reused prefix, copied from the block store per layer.
+    restores: list[tuple[int, torch.Tensor]]
+    blocks: _BlockStore | None
 
     @classmethod
     def pack(
@@ -66,6 +73,7 @@ class _StepLayout:
         decoding: list[GenRequest],
         joining: list[GenRequest],
         device: torch.device,
+        blocks: _BlockStore | None = None,
     ) -> _StepLayout:
         """The layout of a step: `decoding` feed their last token, `joining` their prompt (every
         request already seated in `cache`)."""
@@ -80,36 +88,42 @@ class _StepLayout:
             columns.append(state.length)
             lengths_by_slot[state.slot] = state.length + 1
         last = list(range(len(decoding)))
-        span = max((len(req.prompt) for req in joining), default=0)
+        # A joiner feeds its prompt past its reused prefix (state.length tokens already cached):
+        # its queries are columns reused..len-1, its keys columns 0..len-1.
+        reused = [req.backend_state.length for req in joining]  # type: ignore[union-attr]
+        span = max((len(req.prompt) - r for req, r in zip(joining, reused, strict=True)), default=0)
+        key_span = max((len(req.prompt) for req in joining), default=0)
         gather: list[int] = []
         valid: list[int] = []
-        for index, req in enumerate(joining):
+        for index, (req, skip) in enumerate(zip(joining, reused, strict=True)):
             state = req.backend_state  # type: ignore[assignment]
-            start, length = len(ids), len(req.prompt)
-            ids.extend(req.prompt)
+            start, length = len(ids), len(req.prompt) - skip
+            ids.extend(req.prompt[skip:])
             slots.extend([state.slot] * length)
-            columns.extend(range(length))
+            columns.extend(range(skip, skip + length))
             gather.extend([start + c if c < length else 0 for c in range(span)])
             valid.extend(range(index * span, index * span + length))
             last.append(start + length - 1)
         width = max(lengths_by_slot, default=0)
-        cache.reserve(max(width, span))
+        cache.reserve(max(width, key_span))
         # One copy to the device for all of the step's index lists.
         parts = [ids, slots, columns, last, lengths_by_slot, gather, valid,
                  [req.backend_state.slot for req in joining],  # type: ignore[union-attr]
-                 [len(req.prompt) for req in joining]]  # fmt: skip
+                 [len(req.prompt) for req in joining], reused]  # fmt: skip
         flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
-        ids_t, slots_t, columns_t, last_t, lengths_t, gather_t, valid_t, join_t, prompts_t = (
-            flat.to(device).split([len(part) for part in parts])
-        )
+        (ids_t, slots_t, columns_t, last_t, lengths_t, gather_t, valid_t, join_t, prompts_t,
+         reused_t) = flat.to(device).split([len(part) for part in parts])  # fmt: skip
         decode_columns = torch.arange(width, device=device)
         decode_mask = (decode_columns < lengths_t[:, None]) | (
             (lengths_t == 0)[:, None] & (decode_columns == 0)  # idle slots: a finite softmax
         )
-        join_columns = torch.arange(span, device=device)
-        join_mask = (join_columns[None, :] <= join_columns[:, None])[None] & (
-            join_columns < prompts_t[:, None]
-        )[:, None, :]
+        # [joiners, span (queries), key_span (keys)]: query q of joiner j is column reused_j + q;
+        # it sees the keys up to itself within the prompt.
+        query_columns = reused_t[:, None] + torch.arange(span, device=device)[None, :]
+        key_columns = torch.arange(key_span, device=device)
+        join_mask = (key_columns[None, None, :] <= query_columns[:, :, None]) & (
+            key_columns[None, None, :] < prompts_t[:, None, None]
+        )
         return cls(
             cache=cache,
             input_ids=ids_t,
@@ -124,7 +138,64 @@ class _StepLayout:
             join_mask=join_mask[:, None],
             join_gather=gather_t,
             join_valid=valid_t,
+            join_query_columns=query_columns,
+            restores=[
+                (req.backend_state.slot, req.backend_state.reused)  # type: ignore[union-attr]
+                for req in joining
+                if req.backend_state.reused is not None  # type: ignore[union-attr]
+            ],
+            blocks=blocks,
         )
+
+
+class _BlockStore:
+    """The prefix cache's keys and values: per layer, [blocks, kv_heads, block_size, dim]
+    tensors (made with the first block stored, like the slot cache's), indexed by the block
+    table's ids."""
+
+    def __init__(self, table: BlockTable) -> None:
+        self.table = table
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def hashes(self, tokens: list[int]) -> list[int]:
+        return chain_hashes(tokens, self.table.block_size)
+
+    def store(self, cache: _SlotCache, slot: int, tokens: list[int]) -> None:
+        """Keep the full blocks of `tokens`, whose keys and values are in `slot`'s row."""
+        size = self.table.block_size
+        new = self.table.store(self.hashes(tokens), tokens)
+        if not new:
+            return
+        ids = torch.tensor([block_id for _, block_id in new], dtype=torch.long)
+        columns = torch.cat([torch.arange(p * size, (p + 1) * size) for p, _ in new])
+        for layer, (keys, values) in cache.layers.items():
+            stored = self.layers.get(layer)
+            if stored is None:
+                rows, heads, _, dim = keys.shape
+                shape = (self.table.max_blocks, heads, size, dim)
+                stored = self.layers[layer] = (keys.new_zeros(shape), values.new_zeros(shape))
+            ids_here, columns_here = ids.to(keys.device), columns.to(keys.device)
+            for source, target in zip((keys, values), stored, strict=True):
+                block = source[slot][:, columns_here]  # [heads, blocks * size, dim]
+                heads, _, dim = block.shape
+                target[ids_here] = block.view(heads, len(new), size, dim).transpose(0, 1)
+
+    def restore(
+        self,
+        layer: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        restores: list[tuple[int, torch.Tensor]],
+    ) -> None:
+        """Copy each joiner's reused blocks into the first columns of its slot's row."""
+        stored = self.layers[layer]
+        for slot, ids in restores:
+            for source, target in zip(stored, (keys, values), strict=True):
+                blocks = source[ids]  # [blocks, heads, size, dim]
+                count, heads, size, dim = blocks.shape
+                target[slot, :, : count * size] = blocks.transpose(0, 1).reshape(
+                    heads, count * size, dim
+                )
 
 
 class _SlotCache:
@@ -206,7 +277,11 @@ def _attention(
             raise ValueError(f"the hf engine cannot run attention with {unsupported}")
     window = kwargs.get("sliding_window")
     step = trtllm_step
-    keys, values = step.cache.tensors(module.layer_idx, key)  # type: ignore[arg-type]
+    layer: int = module.layer_idx  # type: ignore[assignment]
+    keys, values = step.cache.tensors(layer, key)
+    if step.restores:
+        assert step.blocks is not None
+        step.blocks.restore(layer, keys, values, step.restores)
     # [tokens, kv_heads, dim] into (slot, column) of each token
     keys[step.slots, :, step.columns] = key[0].transpose(0, 1)
     values[step.slots, :, step.columns] = value[0].transpose(0, 1)
@@ -235,14 +310,16 @@ def _attention(
         )
         out.append(attended.reshape(rows, heads, dim).index_select(0, step.decode_slots))
     if step.join_slots.shape[0]:
-        joiners, _, span, _ = step.join_mask.shape
+        joiners, _, span, key_span = step.join_mask.shape
         mask = step.join_mask
         if window:
-            columns = torch.arange(span, device=query.device)
-            mask = mask & (columns[None, :] > columns[:, None] - window)
+            columns = torch.arange(key_span, device=query.device)
+            queries = step.join_query_columns[:, None, :, None]
+            mask = mask & (columns > queries - window)
         q = tokens.index_select(0, step.join_gather).view(joiners, span, heads, dim)
-        k = keys[:, :, :span].index_select(0, step.join_slots).repeat_interleave(groups, dim=1)
-        v = values[:, :, :span].index_select(0, step.join_slots).repeat_interleave(groups, dim=1)
+        k = keys[:, :, :key_span].index_select(0, step.join_slots)
+        v = values[:, :, :key_span].index_select(0, step.join_slots)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k, v, attn_mask=mask, scale=scaling
         )  # [joiners, heads, span, dim]
@@ -306,9 +383,9 @@ def _context_rows(
     rows = []
     start = len(decoding)
     for req in joining:
-        if req.context_logits:
+        if req.context_logits:  # reuses no prefix: every position goes through the forward
             rows.append((req, torch.arange(start, start + len(req.prompt))))
-        start += len(req.prompt)
+        start += len(req.prompt) - req.backend_state.length  # type: ignore[union-attr]
     return rows
 
 
@@ -335,8 +412,15 @@ class HFBackend:
     itl_s = 0.0
 
     def __init__(
-        self, checkpoint_dir: str | Path, *, num_threads: int | None = None, device: str = "auto"
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        num_threads: int | None = None,
+        device: str = "auto",
+        reuse: BlockTable | None = None,
     ) -> None:
+        """`reuse`: the prefix cache's block table (TensorRT-LLM's enable_kv_cache_reuse); its
+        blocks' keys and values are kept here. None: every prompt is computed in full."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it
         from transformers import AutoModelForCausalLM
 
@@ -360,6 +444,7 @@ class HFBackend:
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._guides: _GuideStep | None = None  # made with the first guided request
         self._cache = _SlotCache()
+        self._blocks = _BlockStore(reuse) if reuse is not None else None
 
     # -- Backend protocol ---------------------------------------------------------------------
     def admit(self, req: GenRequest) -> None:
@@ -381,13 +466,24 @@ class HFBackend:
             matcher = self._guides.matcher(req)
         req.backend_state = _SeqState(generator=generator, matcher=matcher)
 
+    @torch.inference_mode()
     def release(self, req: GenRequest) -> None:
-        """Nothing to free at once: the next step's seating frees the slot of every request that
-        is no longer active (:meth:`_SlotCache.seat`)."""
+        """With reuse, the request's full blocks go to the prefix cache (its keys and values are
+        still in its slot: the next step's seating frees the slot of every request that is no
+        longer active, :meth:`_SlotCache.seat`)."""
+        state: _SeqState | None = req.backend_state  # type: ignore[assignment]
+        if self._blocks is not None and state is not None and state.fed and state.slot >= 0:
+            # Keys and values exist for every token fed: the prompt and all but the last token.
+            tokens = (req.prompt + req.generated)[: state.length]
+            self._blocks.store(self._cache, state.slot, tokens)
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
-        joining = [req for req in batch if not req.backend_state.length]  # type: ignore[union-attr]
+        joining = [req for req in batch if not req.backend_state.fed]  # type: ignore[union-attr]
+        if self._blocks is not None:
+            for req in joining:
+                if not req.context_logits:  # those need every position's logits
+                    self._reuse(req)
         logits = self._forward(batch, joining)
         rows = [logits[id(req)] for req in batch]
         guided = [i for i, req in enumerate(batch) if req.backend_state.matcher is not None]  # type: ignore[union-attr]
@@ -408,6 +504,17 @@ class HFBackend:
             self._guides.accept([batch[i] for i in guided], matchers, tokens)
         return results
 
+    def _reuse(self, req: GenRequest) -> None:
+        """Start the request past the longest prefix the cache holds (at least its last prompt
+        token is computed: its logits give the first token)."""
+        assert self._blocks is not None
+        state: _SeqState = req.backend_state  # type: ignore[assignment]
+        found = self._blocks.table.match(self._blocks.hashes(req.prompt[:-1]))
+        if found:
+            state.reused = torch.tensor(found, dtype=torch.long, device=self.device)
+            state.length = len(found) * self._blocks.table.block_size
+            req.reused_blocks, req.cached_tokens = len(found), state.length
+
     # -- the model call ------------------------------------------------------------------------
     def _forward(
         self, active: list[GenRequest], joining: list[GenRequest]
@@ -419,7 +526,7 @@ class HFBackend:
         cache.seat(active)
         joined = {id(req) for req in joining}
         decoding = [req for req in active if id(req) not in joined]
-        step = _StepLayout.pack(cache, decoding, joining, self.device)
+        step = _StepLayout.pack(cache, decoding, joining, self.device, self._blocks)
         keep, context = step.last, _context_rows(decoding, joining)
         if context:  # every prompt position of those requests, after each request's last one
             keep = torch.cat([keep, *(rows.to(self.device) for _, rows in context)])
@@ -433,7 +540,8 @@ class HFBackend:
         for req in decoding:
             req.backend_state.length += 1  # type: ignore[union-attr]
         for req in joining:
-            req.backend_state.length = len(req.prompt)  # type: ignore[union-attr]
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            state.length, state.fed, state.reused = len(req.prompt), True, None
         # Sampling runs on the CPU with each request's own seeded generator.
         logits = out.logits[0].float().cpu()  # one copy for the batch, not one per row
         order = decoding + joining

@@ -8,11 +8,24 @@ from pathlib import Path
 
 from ...common.cpu_engine_config import EngineConfig
 from ...common.guides import Guide, GuideCompiler, GuideError
+from .block_cache import BlockTable
 from .scheduler import Backend
 
+# Tokens the prefix cache holds when no budget is set (max_tokens_in_paged_kv_cache unset).
+DEFAULT_CACHED_TOKENS = 65536
 
-def make_backend(config: EngineConfig) -> Backend:
-    """The synthetic, scripted or hf backend a CPU engine dir describes."""
+
+def prefix_cache(config: EngineConfig, max_tokens: int | None = None) -> BlockTable:
+    """The prefix cache of an engine: blocks of its tokens_per_block, at most `max_tokens`
+    tokens of them (TensorRT-LLM's max_tokens_in_paged_kv_cache)."""
+    size = config.build_config.plugin_config.tokens_per_block
+    budget = max_tokens or DEFAULT_CACHED_TOKENS
+    return BlockTable(size, max(1, budget // size))
+
+
+def make_backend(config: EngineConfig, reuse: BlockTable | None = None) -> Backend:
+    """The synthetic, scripted or hf backend a CPU engine dir describes; `reuse`: the prefix
+    cache of an hf backend (the others compute no keys and values to reuse)."""
     section = config.cpu_engine
     if section.mode == "scripted":
         from .scripted import ScriptedBackend
@@ -36,7 +49,7 @@ def make_backend(config: EngineConfig) -> Backend:
         )
     from .hf import HFBackend
 
-    return HFBackend(config.checkpoint_path(), device=section.device)
+    return HFBackend(config.checkpoint_path(), device=section.device, reuse=reuse)
 
 
 class EngineGuides:

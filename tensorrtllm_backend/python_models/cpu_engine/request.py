@@ -98,6 +98,9 @@ class GenRequest:
     # backend sets while the prompt goes through its forward; sent once, then dropped.
     context_logits: bool = False
     prompt_logits: object = None
+    # The prefix cache's blocks it reused, and their tokens (set at its join).
+    reused_blocks: int = 0
+    cached_tokens: int = 0
     sampling: SamplingParams = field(default_factory=SamplingParams)
     embedding_bias: Sequence[float] | None = None
     # guided_decoding_guide_type / _guide as sent, and the grammar compiled from them (the

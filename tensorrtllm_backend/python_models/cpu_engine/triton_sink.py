@@ -38,6 +38,11 @@ def _cell(i: int) -> np.ndarray:
     return _CELLS[i] if 0 <= i < len(_CELLS) else np.array([[i]], dtype=np.int32)
 
 
+# The C++ backend's perf output: KV-cache blocks the request reused (x tokens_per_block = its
+# cached prompt tokens).
+REUSED_BLOCKS = "kv_cache_reused_blocks"
+
+
 def _ns(req: GenRequest) -> tuple[int, int, int, int]:
     return req.arrival_ns, req.first_scheduled_ns, req.first_token_ns, req.last_token_ns
 
@@ -132,6 +137,7 @@ class ResponseGroup:
         if self.perf_metrics and sequence_final:
             for name, value in zip(_PERF_OUTPUTS, _ns(req), strict=True):
                 tensors.append(pb.Tensor(name, np.array([[value]], dtype=np.int64)))
+            tensors.append(pb.Tensor(REUSED_BLOCKS, _cell(req.reused_blocks)))
         self._send_decoupled(pb.InferenceResponse(output_tensors=tensors), sequence_final)
 
     def sequence_done(self, req: GenRequest, tokens: list[int] | None, error: str | None) -> None:
@@ -262,6 +268,8 @@ class ResponseGroup:
         if self.perf_metrics:
             for name, values in zip(_PERF_OUTPUTS, perf, strict=True):
                 tensors.append(pb.Tensor(name, values))
+            reused = [[req.reused_blocks] for req, _ in rows]  # type: ignore[misc]
+            tensors.append(pb.Tensor(REUSED_BLOCKS, np.array(reused, dtype=np.int32)))
         return pb.InferenceResponse(output_tensors=tensors)
 
 

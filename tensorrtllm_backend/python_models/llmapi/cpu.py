@@ -29,7 +29,8 @@ from typing import Any
 from ...common.cpu_engine_config import load_engine_config
 from ...common.guides import GuideError
 from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, load_tokenizer
-from ..cpu_engine.loading import EngineGuides, make_backend
+from ..cpu_engine.block_cache import BlockTable
+from ..cpu_engine.loading import DEFAULT_CACHED_TOKENS, EngineGuides, make_backend
 from ..cpu_engine.request import Chunk, FinishReason, GenRequest, SamplingParams, TopLogprobs
 from ..cpu_engine.scheduler import Scheduler
 from ..cpu_engine.triton_io import MAX_CONTEXT_LOGITS, split_sequences
@@ -39,6 +40,7 @@ from .engine import EngineRequest, PerfMetrics, Sampling, SequenceStep, Step
 from .settings import ModelSettings, checkpoint_dir
 
 DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block's default
 _REASONS = {
     FinishReason.END_ID: "stop",
     FinishReason.STOP_WORDS: "stop",
@@ -60,10 +62,11 @@ class CpuEngine:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         args = settings.llm_args
         guides_refused = None
+        reuse = _prefix_cache(args.get("kv_cache_config"))
         if "cpu_engine" in config:  # a CPU engine dir: its own limits and backend
             engine = load_engine_config(model_dir)
             build = engine.build_config
-            backend = make_backend(engine)
+            backend = make_backend(engine, reuse)
             self.max_seq_len, self.max_input_len = build.max_seq_len, build.max_input_len
             max_batch_size = build.max_batch_size
             vocab_size = engine.pretrained_config.vocab_size
@@ -75,7 +78,7 @@ class CpuEngine:
         else:  # a Hugging Face checkpoint, run with transformers
             from ..cpu_engine.hf import HFBackend
 
-            backend = HFBackend(model_dir)
+            backend = HFBackend(model_dir, reuse=reuse)
             vocab_size = backend.vocab_size
             self.max_seq_len = int(
                 args.get("max_seq_len") or config.get("max_position_embeddings") or 2048
@@ -148,6 +151,18 @@ class CpuEngine:
 
     def shutdown(self) -> None:
         self.scheduler.stop()
+
+
+def _prefix_cache(kv_cache_config: Any) -> BlockTable | None:
+    """The LLM API's KV-cache block reuse as the stand-in's prefix cache: on unless
+    `enable_block_reuse` is false (its default), `tokens_per_block` tokens per block (32),
+    `max_tokens` of them at most."""
+    config = kv_cache_config if isinstance(kv_cache_config, dict) else {}
+    if config.get("enable_block_reuse") is False:
+        return None
+    size = int(config.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK)
+    budget = int(config.get("max_tokens") or DEFAULT_CACHED_TOKENS)
+    return BlockTable(size, max(1, budget // size))
 
 
 def _cpu_sampling(sampling: Sampling, seed_offset: int = 0) -> SamplingParams:
@@ -327,8 +342,12 @@ class CpuGeneration:
             else self._sequence_step(sequence, [], [], [], None)
             for sequence in self._sequences
         ]
+        first = self._sequences[0].req
         return Step(
-            steps, all(step.finished for step in steps), prompt_scores=self._prompt_scores()
+            steps,
+            all(step.finished for step in steps),
+            cached_tokens=first.cached_tokens if first is not None else 0,
+            prompt_scores=self._prompt_scores(),
         )
 
     def _prompt_scores(self) -> PromptScores | None:

@@ -293,3 +293,38 @@ def test_context_logits_are_the_prompts_logits_in_a_joint_step(scheduler, backen
     assert torch.allclose(torch.from_numpy(req.prompt_logits), expected, atol=1e-4)
     assert other.prompt_logits is None
     assert other.generated == reference_greedy(backend.model, plain, 3)
+
+
+def test_a_shared_prefix_is_reused_and_changes_no_token(demo_checkpoint, demo_tokenizer):
+    """With the prefix cache, a second request sharing a prompt's blocks skips their prefill:
+    its forward feeds only the rest, reports the reused tokens, and generates what it would
+    without the cache."""
+    from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable
+
+    events: list = []
+    backend = HFBackend(
+        demo_checkpoint, num_threads=1, device="cpu", reuse=BlockTable(8, 64, events.extend)
+    )
+    sched = Scheduler(backend, max_batch_size=8)
+    sched.start()
+    try:
+        shared = encode(demo_tokenizer, PROMPTS[2] * 2)
+        first = shared + encode(demo_tokenizer, " first")[1:]
+        second = shared + encode(demo_tokenizer, " and a second ending")[1:]
+        fed: list[int] = []
+        hook = backend.model.register_forward_pre_hook(
+            lambda _m, _a, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        )
+        run_to_end(sched, [make_request(first, 4)])
+        fed.clear()
+        req, sink = make_request(second, 6)
+        (generated,) = run_to_end(sched, [(req, sink)])
+        hook.remove()
+    finally:
+        sched.stop()
+    reused = len(shared) // 8 * 8
+    assert req.cached_tokens == reused and req.reused_blocks == reused // 8
+    assert fed[0] == len(second) - reused  # the prefill fed only the tokens past the prefix
+    assert generated == reference_greedy(backend.model, second, 6)
+    stored = [event for event in events if type(event).__name__ == "Stored"]
+    assert stored and stored[0].block_size == 8

@@ -17,7 +17,11 @@ import triton_python_backend_utils as pb_utils
 
 from tensorrtllm_backend.common.cpu_engine_config import EngineConfig, load_engine_config
 from tensorrtllm_backend.common.guides import GuideError
-from tensorrtllm_backend.python_models.cpu_engine.loading import EngineGuides, make_backend
+from tensorrtllm_backend.python_models.cpu_engine.loading import (
+    EngineGuides,
+    make_backend,
+    prefix_cache,
+)
 from tensorrtllm_backend.python_models.cpu_engine.request import FinishReason, GenRequest
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
 from tensorrtllm_backend.python_models.cpu_engine.triton_io import (
@@ -124,7 +128,11 @@ class TritonPythonModel:
             )
         # The backend first: the guides' thread imports transformers too, and two threads
         # importing its lazy modules at once can each find the other's half-initialized.
-        backend = make_backend(config)
+        reuse = None
+        if _bool_param(model_config, "enable_kv_cache_reuse", False):
+            budget = _param(model_config, "max_tokens_in_paged_kv_cache")
+            reuse = prefix_cache(config, int(budget) if budget else None)
+        backend = make_backend(config, reuse)
         self.guides = _guides(model_config, config, args["model_repository"])
         self.scheduler = Scheduler(
             backend,
