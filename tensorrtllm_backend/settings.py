@@ -36,6 +36,9 @@ STUB_VARIABLES = (
     "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S",
     "TRTLLM_LLMAPI_IMPL",
     "TRTLLM_LLMAPI_MODEL_PY",
+    "TRTLLM_KV_EVENTS_ENDPOINT",
+    "TRTLLM_KV_EVENTS_REPLAY_ENDPOINT",
+    "TRTLLM_KV_EVENTS_TOPIC",
 )
 
 RouteName = Literal["direct", "ensemble", "bls", "llmapi"]

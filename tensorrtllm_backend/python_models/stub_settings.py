@@ -8,6 +8,8 @@ each model.py before this package can be imported there.)
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 
 ORPHAN_GRACE_ENV = "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S"
 LLMAPI_IMPL_ENV = "TRTLLM_LLMAPI_IMPL"
@@ -17,6 +19,11 @@ LLMAPI_IMPLS = ("auto", "tensorrt_llm", "cpu")
 # NVIDIA's variable (theirs, not a TRTLLM_ one): another model.yaml (an absolute path wins),
 # read by their model and ours.
 NVIDIA_LLM_CONFIG_PATH = "LLM_CONFIG_PATH"
+KV_EVENTS_ENDPOINT_ENV = "TRTLLM_KV_EVENTS_ENDPOINT"
+KV_EVENTS_REPLAY_ENDPOINT_ENV = "TRTLLM_KV_EVENTS_REPLAY_ENDPOINT"
+KV_EVENTS_TOPIC_ENV = "TRTLLM_KV_EVENTS_TOPIC"
+# tcp://HOST:PORT, HOST a name, an IPv4 address, [an IPv6 address] or * (every interface).
+_TCP_BIND = re.compile(r"tcp://(\*|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 
 
 def cpu_engine_grace_s() -> float:
@@ -43,3 +50,36 @@ def llmapi_model_py() -> str:
 def llm_config_path() -> str | None:
     """$LLM_CONFIG_PATH: the model.yaml to read instead of 1/model.yaml."""
     return os.environ.get(NVIDIA_LLM_CONFIG_PATH) or None
+
+
+@dataclass(frozen=True)
+class KvEventsSettings:
+    """Where the engine publishes its KV-cache events (python_models/kv_events.py)."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+
+
+def kv_events_settings() -> KvEventsSettings | None:
+    """$TRTLLM_KV_EVENTS_*: None (no events) unless TRTLLM_KV_EVENTS_ENDPOINT is set."""
+    endpoint = _bind_address(KV_EVENTS_ENDPOINT_ENV)
+    replay = _bind_address(KV_EVENTS_REPLAY_ENDPOINT_ENV)
+    if endpoint is None:
+        if replay is not None:
+            raise RuntimeError(f"{KV_EVENTS_REPLAY_ENDPOINT_ENV} needs {KV_EVENTS_ENDPOINT_ENV}")
+        return None
+    return KvEventsSettings(endpoint, replay, os.environ.get(KV_EVENTS_TOPIC_ENV, ""))
+
+
+def _bind_address(name: str) -> str | None:
+    """A bind address: tcp://HOST:PORT as given, or a bare port on loopback (a host that other
+    machines reach is the user's choice, never a default)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    address = f"tcp://127.0.0.1:{value}" if value.isdigit() else value
+    match = _TCP_BIND.fullmatch(address)
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        raise RuntimeError(f"{name}={value!r}: use tcp://HOST:PORT, or a port (on 127.0.0.1)")
+    return address

@@ -4,23 +4,65 @@ compiler that enforces guided decoding (as TensorRT-LLM's `guided_decoding_backe
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from ...common.cpu_engine_config import EngineConfig
 from ...common.guides import Guide, GuideCompiler, GuideError
-from .block_cache import BlockTable
+from ..kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    KvEventPublisher,
+    publisher_from_settings,
+)
+from .block_cache import BlockTable, Event, Removed, Stored
 from .scheduler import Backend
 
 # Tokens the prefix cache holds when no budget is set (max_tokens_in_paged_kv_cache unset).
 DEFAULT_CACHED_TOKENS = 65536
 
 
-def prefix_cache(config: EngineConfig, max_tokens: int | None = None) -> BlockTable:
-    """The prefix cache of an engine: blocks of its tokens_per_block, at most `max_tokens`
-    tokens of them (TensorRT-LLM's max_tokens_in_paged_kv_cache)."""
-    size = config.build_config.plugin_config.tokens_per_block
+class PrefixCache(NamedTuple):
+    """An engine's prefix cache, and the publisher of its KV-cache events (None: off)."""
+
+    table: BlockTable
+    events: KvEventPublisher | None
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
+
+
+def prefix_cache(block_size: int, max_tokens: int | None = None, rank: int = 0) -> PrefixCache:
+    """A prefix cache of blocks of `block_size` tokens, at most `max_tokens` of them
+    (TensorRT-LLM's max_tokens_in_paged_kv_cache), its changes published as vLLM's KV-cache
+    events when TRTLLM_KV_EVENTS_ENDPOINT is set (engine instance `rank` on that port + rank).
+    The first event is AllBlocksCleared: a subscriber drops what an earlier engine held."""
+    publisher = publisher_from_settings(rank)
     budget = max_tokens or DEFAULT_CACHED_TOKENS
-    return BlockTable(size, max(1, budget // size))
+    on_events = _publish_to(publisher) if publisher is not None else None
+    return PrefixCache(BlockTable(block_size, max(1, budget // block_size), on_events), publisher)
+
+
+def _publish_to(publisher: KvEventPublisher) -> Callable[[list[Event]], None]:
+    def publish(events: list[Event]) -> None:
+        publisher.publish([_wire(event) for event in events])
+
+    return publish
+
+
+def _wire(event: Event) -> KvEvent:
+    """A block table's event as vLLM's."""
+    if isinstance(event, Stored):
+        return BlockStored(
+            event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+        )
+    if isinstance(event, Removed):
+        return BlockRemoved(event.block_hashes)
+    return AllBlocksCleared()
 
 
 def make_backend(config: EngineConfig, reuse: BlockTable | None = None) -> Backend:

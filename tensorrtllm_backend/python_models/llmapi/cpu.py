@@ -29,8 +29,7 @@ from typing import Any
 from ...common.cpu_engine_config import load_engine_config
 from ...common.guides import GuideError
 from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, load_tokenizer
-from ..cpu_engine.block_cache import BlockTable
-from ..cpu_engine.loading import DEFAULT_CACHED_TOKENS, EngineGuides, make_backend
+from ..cpu_engine.loading import EngineGuides, PrefixCache, make_backend, prefix_cache
 from ..cpu_engine.request import Chunk, FinishReason, GenRequest, SamplingParams, TopLogprobs
 from ..cpu_engine.scheduler import Scheduler
 from ..cpu_engine.triton_io import MAX_CONTEXT_LOGITS, split_sequences
@@ -62,7 +61,8 @@ class CpuEngine:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         args = settings.llm_args
         guides_refused = None
-        reuse = _prefix_cache(args.get("kv_cache_config"))
+        self.prefix_cache = _prefix_cache(args.get("kv_cache_config"))
+        reuse = self.prefix_cache.table if self.prefix_cache is not None else None
         if "cpu_engine" in config:  # a CPU engine dir: its own limits and backend
             engine = load_engine_config(model_dir)
             build = engine.build_config
@@ -151,9 +151,11 @@ class CpuEngine:
 
     def shutdown(self) -> None:
         self.scheduler.stop()
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()
 
 
-def _prefix_cache(kv_cache_config: Any) -> BlockTable | None:
+def _prefix_cache(kv_cache_config: Any) -> PrefixCache | None:
     """The LLM API's KV-cache block reuse as the stand-in's prefix cache: on unless
     `enable_block_reuse` is false (its default), `tokens_per_block` tokens per block (32),
     `max_tokens` of them at most."""
@@ -161,8 +163,7 @@ def _prefix_cache(kv_cache_config: Any) -> BlockTable | None:
     if config.get("enable_block_reuse") is False:
         return None
     size = int(config.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK)
-    budget = int(config.get("max_tokens") or DEFAULT_CACHED_TOKENS)
-    return BlockTable(size, max(1, budget // size))
+    return prefix_cache(size, int(config.get("max_tokens") or 0) or None)
 
 
 def _cpu_sampling(sampling: Sampling, seed_offset: int = 0) -> SamplingParams:

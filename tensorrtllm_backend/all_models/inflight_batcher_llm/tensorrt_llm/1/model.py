@@ -58,6 +58,12 @@ def _bool_param(model_config: dict, name: str, default: bool) -> bool:
     return value.lower() in ("1", "true", "yes", "on")
 
 
+def _instance_index(args: dict) -> int:
+    """This instance's index among the model's (its name ends with it: tensorrt_llm_0_1)."""
+    last = str(args.get("model_instance_name", "")).rsplit("_", 1)[-1]
+    return int(last) if last.isdigit() else 0
+
+
 def _resolve_engine_dir(value: str, model_repository: str) -> Path:
     """Absolute paths as given; relative ones against the model root (the repository's parent),
     then the repository, then this model's directory."""
@@ -128,11 +134,15 @@ class TritonPythonModel:
             )
         # The backend first: the guides' thread imports transformers too, and two threads
         # importing its lazy modules at once can each find the other's half-initialized.
-        reuse = None
+        self.prefix_cache = None
         if _bool_param(model_config, "enable_kv_cache_reuse", False):
             budget = _param(model_config, "max_tokens_in_paged_kv_cache")
-            reuse = prefix_cache(config, int(budget) if budget else None)
-        backend = make_backend(config, reuse)
+            self.prefix_cache = prefix_cache(
+                build.plugin_config.tokens_per_block,
+                int(budget) if budget else None,
+                rank=_instance_index(args),
+            )
+        backend = make_backend(config, self.prefix_cache.table if self.prefix_cache else None)
         self.guides = _guides(model_config, config, args["model_repository"])
         self.scheduler = Scheduler(
             backend,
@@ -212,4 +222,6 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.metrics.stop()
         self.scheduler.stop()
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()
         stop_orphan_guard(self.orphan_guard)
