@@ -2,14 +2,15 @@
 """Pack TensorRT-LLM engines or a Hugging Face checkpoint (or a CPU stand-in) + tokenizer + a
 filled Triton model repository into the BentoML model store.
 
-Two workflows (--workflow, default engine):
+Two workflows (--workflow; by default the one of what is packed: llmapi for --checkpoint or LLM
+API options, engine otherwise):
   engine  trtllm-build engines, served by the `tensorrtllm` C++ backend (inflight_batcher_llm)
   llmapi  a Hugging Face checkpoint, served by TensorRT-LLM's LLM API (PyTorch backend, >= 1.0)
           through our `llmapi` python model (or NVIDIA's, --llmapi-model nvidia); no engine build
 
 Examples:
   python pack_model.py --engine-dir ./engines/llama3-8b --tokenizer-dir ./Meta-Llama-3-8B-Instruct
-  python pack_model.py --workflow llmapi --checkpoint ./Meta-Llama-3-8B-Instruct --tp 2
+  python pack_model.py --checkpoint ./Meta-Llama-3-8B-Instruct --tp 2    # the llmapi workflow
   python pack_model.py --demo                       # tiny local Llama on the CPU engine
   python pack_model.py --demo --workflow llmapi     # the same checkpoint, llmapi model on CPU
   python pack_model.py --synthetic --workflow llmapi --itl-ms 5   # llmapi model, synthetic tokens
@@ -113,9 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workflow",
         choices=["engine", "llmapi"],
-        default="engine",
         help="engine: trtllm-build engines (or the CPU engine); llmapi: a checkpoint served by "
-        "the LLM API (default: engine)",
+        "the LLM API (default: llmapi for --checkpoint or LLM API options, engine otherwise)",
     )
     parser.add_argument(
         "--route",
@@ -274,7 +274,7 @@ def _check_workflow(args: argparse.Namespace) -> None:
                 "takes LLM API arguments with --llm-arg KEY=VALUE"
             )
     elif args.checkpoint is not None:
-        raise PackError("--checkpoint is the llmapi workflow's: add --workflow llmapi")
+        raise PackError("--checkpoint is the llmapi workflow's: leave out --workflow engine")
     elif (
         args.llm_arg
         or args.tp != 1
@@ -283,8 +283,8 @@ def _check_workflow(args: argparse.Namespace) -> None:
         or args.llmapi_model != "bentotrtllm"
     ):
         raise PackError(
-            "--tp, --pp, --gpus, --llm-arg and --llmapi-model belong to --workflow llmapi; "
-            "engines carry their parallelism from trtllm-build"
+            "--tp, --pp, --gpus, --llm-arg and --llmapi-model belong to --workflow llmapi "
+            "(leave out --workflow engine); engines carry their parallelism from trtllm-build"
         )
 
 
@@ -366,7 +366,22 @@ def _synthetic_checkpoint(args: argparse.Namespace, scratch: Path) -> Path:
     return engine_dir
 
 
+def _inferred_workflow(args: argparse.Namespace) -> str:
+    """The workflow of what is packed: a checkpoint, or options only the LLM API takes, are the
+    llmapi workflow's; engines and the CPU stand-ins the engine workflow's."""
+    llmapi_options = (
+        args.llm_arg
+        or args.tp != 1
+        or args.pp != 1
+        or args.gpus is not None
+        or args.llmapi_model != "bentotrtllm"
+    )
+    return "llmapi" if args.checkpoint is not None or llmapi_options else "engine"
+
+
 def run(args: argparse.Namespace) -> str | None:
+    if args.workflow is None:
+        args.workflow = _inferred_workflow(args)
     _check_workflow(args)
     if args.workflow == "llmapi":
         return run_llmapi(args)

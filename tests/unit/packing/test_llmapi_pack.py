@@ -214,13 +214,18 @@ def test_bad_options_are_clear_errors(checkpoint, name, unchanged_store, capsys,
     assert message in capsys.readouterr().err
 
 
-def test_checkpoint_needs_the_llmapi_workflow(checkpoint, name, unchanged_store, capsys) -> None:
-    assert run_pack("--checkpoint", str(checkpoint), "--name", name) == 2
-    assert "add --workflow llmapi" in capsys.readouterr().err
+def test_a_checkpoint_packs_for_the_llmapi_workflow_by_default(
+    checkpoint, name, unchanged_store, capsys
+) -> None:
+    assert run_pack("--checkpoint", str(checkpoint), "--name", name, "--dry-run") == 0
+    assert "workflow:     llmapi" in capsys.readouterr().out
+    assert run_pack("--workflow", "engine", "--checkpoint", str(checkpoint), "--name", name) == 2
+    assert "leave out --workflow engine" in capsys.readouterr().err
 
 
 def test_llmapi_options_are_refused_by_the_engine_workflow(name, unchanged_store, capsys) -> None:
-    assert run_pack("--synthetic", "--name", name, "--llm-arg", "a=1") == 2
+    args = ("--workflow", "engine", "--synthetic", "--name", name, "--llm-arg", "a=1")
+    assert run_pack(*args) == 2
     assert "belong to --workflow llmapi" in capsys.readouterr().err
 
 
