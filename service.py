@@ -193,11 +193,19 @@ class TRTLLM:
         return JSONResponse(body)  # type: ignore[return-value]
 
 
+def _not_ready_reason() -> str | None:
+    """Why this replica cannot serve now (None: it can), for vLLM's /health: what /readyz says."""
+    service = _current_service()
+    if service is None or service.chat is None:
+        return "the model server is starting"
+    return service.runtime.not_ready_reason()
+
+
 TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
-# /tokenize, /detokenize and /tokenizer_info at the root, as vLLM serves them (BentoML's mounts
-# answer only the paths their routes match, so the root stays BentoML's).
-TRTLLM.mount_asgi_app(root_app(_current_chat), path="/")
+# /health, /tokenize, /detokenize and /tokenizer_info at the root, as vLLM serves them (BentoML's
+# mounts answer only the paths their routes match, so the root stays BentoML's).
+TRTLLM.mount_asgi_app(root_app(_current_chat, _not_ready_reason), path="/")
 
 
 def _triton_metrics_url() -> str | None:

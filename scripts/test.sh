@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install into .venv (the pinned coding-agent CLIs into .agent-clis/ with npm, lm-eval into
-# .lm-eval-venv/), then lint and run every test (unit + real tritonserver / bentoml serve / the
-# real client libraries and CLIs).
+# .lm-eval-venv/, vllm-router into .router-venv/), then lint and run every test (unit + real
+# tritonserver / bentoml serve / the real client libraries, CLIs and router).
 # The tests run in PYTEST_WORKERS processes (2; 1 runs them in this process), a test file per
 # process at a time: most of an integration test's time is a server starting or answering.
 set -euo pipefail
@@ -10,6 +10,7 @@ cd "$root"
 ./scripts/bootstrap.sh
 ./scripts/install-agent-clis.sh
 ./scripts/install-lm-eval.sh
+./scripts/install-router.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 workers="${PYTEST_WORKERS:-2}"

@@ -63,7 +63,9 @@ APIS: tuple[API, ...] = (
     ),
     API("/v1/messages", ErrorStyle.ANTHROPIC, MESSAGES_LABEL, streams=True),
     API("/v1/messages/count_tokens", ErrorStyle.ANTHROPIC),
-    # vLLM's, at the root: a root app mounted on BentoML's (api_surface.py).
+    # vLLM's, at the root: a root app mounted on BentoML's (api_surface.py). /health is a probe
+    # (routers poll it without the API key), like BentoML's below.
+    API("/health", open=True),
     API("/tokenize", ErrorStyle.OPENAI),
     API("/detokenize", ErrorStyle.OPENAI),
     API("/tokenizer_info", ErrorStyle.OPENAI),

@@ -224,6 +224,15 @@ def readyz_status(url: str, timeout: float = 10.0) -> int:
         return 0
 
 
+def health_status(url: str, timeout: float = 10.0) -> int:
+    """vLLM's /health status code right now (what routers poll); 0 when the server did not
+    answer."""
+    try:
+        return httpx.get(f"{url}/health", timeout=timeout).status_code
+    except httpx.HTTPError:
+        return 0
+
+
 def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -23,6 +23,7 @@ import pytest
 from tests.integration.conftest import (
     counter_change,
     engine_counters,
+    health_status,
     readyz_status,
     serves_requests,
 )
@@ -181,6 +182,8 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
     assert wait_for(lambda: readyz_status(server.url) == 503, 10.0), (
         "readyz did not report the outage"
     )
+    # vLLM's /health too: routers in front of replicas take this one out of rotation by it
+    assert wait_for(lambda: health_status(server.url) == 503, 10.0), "/health stayed 200"
     outage = httpx.post(
         f"{server.url}/generate_text", json={"prompt": PROMPT, "max_tokens": 4}, timeout=10
     )
@@ -204,7 +207,7 @@ def test_tritonserver_killed_mid_stream(slow_metrics_server) -> None:
     # the supervisor restarts Triton and new requests succeed (as soon as they do; the bound
     # is the start-up allowance wait_ready gives)
     assert wait_for(lambda: serves_requests(server.url), 120.0, 0.5), server.log()[-3000:]
-    assert readyz_status(server.url) == 200
+    assert readyz_status(server.url) == 200 and health_status(server.url) == 200
     # checked last so that the recovery above is checked too: a cut stream must not look complete
     assert native.error is not None, (
         "the native stream ended like a normal completion: the client cannot tell it failed "

@@ -101,7 +101,7 @@ def test_api_key_is_required(secured: BentoServer, method: str, path: str, body)
     assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("path", ["/readyz", "/livez", "/metrics"])
+@pytest.mark.parametrize("path", ["/readyz", "/livez", "/health", "/metrics"])
 def test_health_and_metrics_stay_open(secured: BentoServer, path: str) -> None:
     assert httpx.get(secured.url + path, timeout=TIMEOUT).status_code == 200
 

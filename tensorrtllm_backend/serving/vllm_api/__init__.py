@@ -1,2 +1,2 @@
-"""vLLM's own routes beside the OpenAI API, at the root: /tokenize, /detokenize and
+"""vLLM's own routes beside the OpenAI API, at the root: /health, /tokenize, /detokenize and
 /tokenizer_info."""

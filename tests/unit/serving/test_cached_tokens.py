@@ -65,13 +65,15 @@ class ScriptedEngine:
         pass
 
 
-@pytest.mark.parametrize(("kind", "per_block"), [("tensorrt_llm", BLOCK), ("cpu", None)])
-def test_only_engines_that_report_reused_blocks_count_them(
-    kind: str, per_block: int | None
-) -> None:
+@pytest.mark.parametrize(
+    ("kind", "per_block"), [("tensorrt_llm", BLOCK), ("cpu", BLOCK), ("cpu", None)]
+)
+def test_engines_that_report_reused_blocks_count_them(kind: str, per_block: int | None) -> None:
+    """The C++ backend and the CPU engine (its prefix cache) report reused blocks of their
+    block size; an engine config without one (a CPU engine packed before) counts none."""
     info = EngineInfo(
         kind=kind, path=Path("/engine"), max_batch_size=8, max_input_len=64, max_seq_len=128,
-        tokens_per_block=BLOCK,
+        tokens_per_block=per_block,
     )  # fmt: skip
     assert EngineLimits.from_engine(info).tokens_per_block == per_block
 

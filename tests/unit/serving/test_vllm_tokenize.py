@@ -32,7 +32,7 @@ def core(demo_tokenizer) -> ChatCore:
 
 @pytest.fixture
 def http(core: ChatCore) -> TestClient:
-    return TestClient(root_app(lambda: core))
+    return TestClient(root_app(lambda: core, lambda: None))
 
 
 def tokenize(http: TestClient, body: dict[str, Any]) -> list[int]:
@@ -128,6 +128,6 @@ def test_mistakes_are_still_refused(http: TestClient) -> None:
 
 
 def test_tokenizer_info_is_a_503_while_the_model_loads() -> None:
-    response = TestClient(root_app(lambda: None)).get("/tokenizer_info")
+    response = TestClient(root_app(lambda: None, lambda: "starting")).get("/tokenizer_info")
     assert response.status_code == 503
     assert "loading" in response.json()["error"]["message"]
