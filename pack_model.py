@@ -21,6 +21,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -111,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", help="model name in the store (default: by source)")
     parser.add_argument("--tag", help="model version (default: generated)")
     parser.add_argument("--dry-run", action="store_true", help="validate and show, store nothing")
+    parser.add_argument(
+        "--gpu-type",
+        help="the GPU the model is packed for, by BentoCloud's name (nvidia-l4, nvidia-h100-80gb, "
+        "nvidia-b200...): a quantized model whose format it cannot run is refused "
+        "(default: TRTLLM_GPU_TYPE)",
+    )
     parser.add_argument(
         "--workflow",
         choices=["engine", "llmapi"],
@@ -259,6 +266,8 @@ def describe(pack: PackPlan) -> str:
         f"{pack.engine_dir} and {pack.tokenizer_dir}",
         "fill options: " + ", ".join(f"{k}={v}" for k, v in sorted(pack.options.items())),
     ]
+    if engine.quantization is not None:
+        lines.insert(2, f"quantization: {engine.quantization.describe()}")
     return "\n".join(lines)
 
 
@@ -379,10 +388,35 @@ def _inferred_workflow(args: argparse.Namespace) -> str:
     return "llmapi" if args.checkpoint is not None or llmapi_options else "engine"
 
 
+def _check_quantization(args: argparse.Namespace) -> None:
+    """A quantized model whose format the target GPU cannot run is refused before it is stored."""
+    from tensorrtllm_backend.common.quantization import (
+        from_checkpoint,
+        from_engine_config,
+        gpu_refusal,
+    )
+
+    quantization = None
+    try:
+        if args.checkpoint is not None and args.checkpoint.is_dir():
+            quantization = from_checkpoint(args.checkpoint)
+        elif args.engine_dir is not None and (args.engine_dir / "config.json").is_file():
+            data = json.loads((args.engine_dir / "config.json").read_text(encoding="utf-8"))
+            quantization = from_engine_config(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return  # an unreadable config: the inspection that follows says what is wrong
+    if quantization is None:
+        return
+    refusal = gpu_refusal(quantization, args.gpu_type or load_settings().gpu_type)
+    if refusal is not None:
+        raise PackError(refusal)
+
+
 def run(args: argparse.Namespace) -> str | None:
     if args.workflow is None:
         args.workflow = _inferred_workflow(args)
     _check_workflow(args)
+    _check_quantization(args)
     if args.workflow == "llmapi":
         return run_llmapi(args)
     options = _options(args)

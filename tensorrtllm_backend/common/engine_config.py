@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from .quantization import Quantization, from_engine_config
+
 EngineKind = Literal["tensorrt_llm", "cpu"]
 
 # Which TensorRT-LLM release the tensorrtllm backend in an NGC `<tag>-trtllm-python-py3` image
@@ -117,6 +119,7 @@ class EngineInfo(PackedSummary):
     # Whether the engine returns its prompt's logits (trtllm-build --gather_context_logits):
     # prompt log probs come from them. Always for the CPU engine.
     gather_context_logits: bool = False
+    quantization: Quantization | None = None  # what trtllm-build was given
 
     @property
     def max_output_len(self) -> int:
@@ -217,6 +220,7 @@ def _inspect_modern(
         tokens_per_block=_optional_int(plugins, "tokens_per_block"),
         gather_context_logits=kind == "cpu"
         or bool(build.get("gather_context_logits") or build.get("gather_all_token_logits")),
+        quantization=from_engine_config(data),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field
 
 from ..common.engine_config import PackedSummary, read_config_json
+from ..common.quantization import Quantization, from_checkpoint
 from ..common.tokenization import load_checked_tokenizer
 
 # Model classes of TensorRT-LLM's PyTorch backend (tensorrt_llm/_torch/models, 1.0 / 1.1 support
@@ -82,6 +83,14 @@ class CheckpointInfo(PackedSummary):
     weight_files: list[str] = Field(default_factory=list)
     tp_size: int = 1
     pp_size: int = 1
+    quantization: Quantization | None = None  # ModelOpt's or Hugging Face's, as stored
+
+
+def _quantization(checkpoint: Path) -> Quantization | None:
+    try:
+        return from_checkpoint(checkpoint)
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def _architecture(data: dict[str, Any], config_path: Path) -> str:
@@ -217,6 +226,7 @@ def inspect_checkpoint(
         weight_files=_weight_files(checkpoint),
         tp_size=_positive(tp_size, "--tp"),
         pp_size=_positive(pp_size, "--pp"),
+        quantization=_quantization(checkpoint),
     )
     if gpus is not None:
         _positive(gpus, "--gpus")

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..common.cpu_engine_config import write_engine_dir
+from ..common.quantization import from_checkpoint
 from ..common.tokenization import load_tokenizer
 from .engine_packing import TOKENIZER_FILES, PackError
 
@@ -37,6 +38,18 @@ def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pat
             raise PackError(f"--hf-model {checkpoint} is not a directory")
         if not (checkpoint / "config.json").is_file():
             raise PackError(f"--hf-model {checkpoint} has no config.json: not a HF checkpoint")
+        try:
+            quantization = from_checkpoint(checkpoint)
+        except ValueError as error:
+            raise PackError(str(error)) from None
+        if quantization is not None:
+            # transformers would read its packed or scaled weights as plain floats here: the
+            # stand-in would answer, and every answer would be wrong.
+            raise PackError(
+                f"--hf-model {checkpoint} is quantized ({quantization.describe()}), which the CPU "
+                f"stand-in does not run: serve it with TensorRT-LLM, `pack_model.py --checkpoint "
+                f"{checkpoint}` (the LLM API workflow) for a GPU image"
+            )
         source = "hf"
     else:
         checkpoint = None

@@ -250,11 +250,15 @@ def synthetic_info(engine_dir: Path) -> CheckpointInfo:
 
 def describe_llmapi(pack: LlmapiPlan) -> str:
     info = pack.checkpoint
+    quantization = (
+        [f"quantization: {info.quantization.describe()}"] if info.quantization is not None else []
+    )
     return "\n".join(
         [
             f"model:        {pack.name}",
             f"workflow:     llmapi ({pack.model_yaml['backend']} backend, {pack.llmapi_model} "
             f"model), {info.architecture}, {info.dtype}, tp={info.tp_size} pp={info.pp_size}",
+            *quantization,
             f"limits:       max_input_len={pack.max_input_len} max_seq_len={pack.max_seq_len}"
             f" max_batch_size={pack.max_batch_size or 'LLM API default'}",
             f"files:        {len(pack.files())} ({pack.total_bytes() / 1e6:.1f} MB) from "
