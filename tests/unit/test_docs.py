@@ -217,3 +217,16 @@ def test_the_known_variables_include_the_settings_and_the_stubs() -> None:
     assert {env_name(field) for field in Settings.model_fields} <= known
     assert set(STUB_VARIABLES) <= known
     assert "TRTLLM_NOT_A_SETTING" not in known
+
+
+def test_the_docs_list_every_path_the_api_key_leaves_open() -> None:
+    """docs/configuration.md's TRTLLM_API_KEY row names exactly the registry's open paths."""
+    from tensorrtllm_backend.serving.apis import APIS
+
+    row = next(
+        line
+        for line in (ROOT / "docs" / "configuration.md").read_text().splitlines()
+        if line.startswith("| `TRTLLM_API_KEY`")
+    )
+    listed = set(re.findall(r"`(/[a-z_/.]*)`", row.split("stay open")[0].split("pages")[-1]))
+    assert listed == {api.path for api in APIS if api.open}
