@@ -11,7 +11,9 @@ constructors accept exactly the documented keywords.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import json
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +22,14 @@ import tensorrt_llm
 from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
+from ..kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    KvEventPublisher,
+    publisher_from_settings,
+)
 from ..prompt_scores import PromptScores, reduce_logits
 from ..request_error import RequestError
 from . import engine
@@ -130,7 +140,13 @@ class TrtllmEngine:
 
     def __init__(self, settings: ModelSettings) -> None:
         self._settings = settings
-        self._llm = tensorrt_llm.LLM(**llm_arguments(settings))
+        arguments = llm_arguments(settings)
+        self._events = publisher_from_settings()
+        if self._events is not None:
+            arguments = with_kv_events(arguments)
+        self._block_size = tokens_per_block(arguments.get("kv_cache_config"))
+        self._llm = tensorrt_llm.LLM(**arguments)
+        self._event_task: asyncio.Task[None] | None = None
         self.name = f"tensorrt_llm {getattr(tensorrt_llm, '__version__', '')} ({settings.path})"
 
     def generate(self, request: engine.EngineRequest) -> TrtllmGeneration:
@@ -153,10 +169,18 @@ class TrtllmEngine:
             lora_request=lora,
             streaming=request.streaming,
         )
+        if self._events is not None and self._event_task is None:
+            # The LLM API's event queue exists once a request went in.
+            bridge = KvEventBridge(self._llm, self._events, self._block_size)
+            self._event_task = asyncio.get_running_loop().create_task(bridge.run())
         return TrtllmGeneration(output, request)
 
     def shutdown(self) -> None:
+        if self._event_task is not None:
+            self._event_task.cancel()
         self._llm.shutdown()
+        if self._events is not None:
+            self._events.close()
 
 
 class TrtllmGeneration:
@@ -277,6 +301,89 @@ def _rank(entry: Any) -> tuple[int, float]:
     """Rank 1 first; entries without a rank by their log prob."""
     rank = getattr(entry, "rank", None)
     return (rank if rank is not None else 1 << 30, -_value(entry))
+
+
+# Events the LLM API buffers between two reads (KvCacheConfig.event_buffer_max_size; 0: off).
+KV_EVENT_BUFFER = 4096
+KV_EVENT_POLL_S = 0.2  # the LLM API's own worker drains the engine's events this often
+DEFAULT_TOKENS_PER_BLOCK = 32  # KvCacheConfig's
+
+
+def with_kv_events(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The LLM arguments with the engine's KV-cache events on (block reuse and an event
+    buffer), as a publisher of them needs; what model.yaml set is kept."""
+    config = arguments.get("kv_cache_config") or {}
+    if isinstance(config, dict):
+        config = {"enable_block_reuse": True, **config}
+        config["event_buffer_max_size"] = config.get("event_buffer_max_size") or KV_EVENT_BUFFER
+    else:
+        if not getattr(config, "event_buffer_max_size", 0):
+            config.event_buffer_max_size = KV_EVENT_BUFFER
+    return {**arguments, "kv_cache_config": config}
+
+
+def tokens_per_block(kv_cache_config: Any) -> int:
+    """KvCacheConfig.tokens_per_block, as a dict or the config object holds it (32 unset)."""
+    if isinstance(kv_cache_config, dict):
+        value = kv_cache_config.get("tokens_per_block")
+    else:
+        value = getattr(kv_cache_config, "tokens_per_block", None)
+    return int(value or DEFAULT_TOKENS_PER_BLOCK)
+
+
+class KvEventBridge:
+    """The LLM API's KV-cache events as vLLM's, published (python_models/kv_events.py).
+
+    The LLM API gives dicts (TensorRT-LLM's KVCacheEventSerializer): "created" (the cache is new:
+    AllBlocksCleared), "stored" (blocks with their token ids, after `parent_hash`), "removed",
+    "updated" (priority or cache level: nothing a router needs). Blocks not full (fewer tokens
+    than the engine's block size) are left out, as Dynamo's publisher does, and so is their
+    later removal; with sliding-window layers only the largest window's events count."""
+
+    def __init__(self, llm: Any, publisher: KvEventPublisher, block_size: int) -> None:
+        self._llm = llm
+        self._publisher = publisher
+        self._block_size = block_size
+        self._partial: set[int] = set()
+        self._window = 0
+
+    async def run(self) -> None:
+        while True:
+            async for event in self._llm.get_kv_cache_events_async(timeout=KV_EVENT_POLL_S):
+                translated = self.translate(event)
+                if translated:
+                    self._publisher.publish(translated)
+            # After a timeout the iterator stays done until the next request: poll again.
+            await asyncio.sleep(KV_EVENT_POLL_S)
+
+    def translate(self, event: Any) -> list[KvEvent]:
+        if isinstance(event, str):
+            event = json.loads(event)
+        window = int(event.get("window_size") or 0)
+        if window < self._window:
+            return []
+        self._window = window
+        data = event.get("data") or {}
+        kind = data.get("type")
+        if kind == "created":
+            return [AllBlocksCleared()]
+        if kind == "removed":
+            hashes = [h for h in data.get("block_hashes", []) if h not in self._partial]
+            self._partial.difference_update(data.get("block_hashes", []))
+            return [BlockRemoved(hashes)] if hashes else []
+        if kind != "stored":
+            return []
+        full = []
+        for block in data.get("blocks") or []:
+            if len(block.get("tokens") or []) < self._block_size:
+                self._partial.add(block["block_hash"])
+                break  # the blocks after a partial one have no full parent either
+            full.append(block)
+        if not full:
+            return []
+        tokens = [token["token_id"] for block in full for token in block["tokens"]]
+        hashes = [block["block_hash"] for block in full]
+        return [BlockStored(hashes, data.get("parent_hash"), tokens, self._block_size)]
 
 
 def _perf(metrics: Any) -> engine.PerfMetrics | None:

@@ -250,6 +250,7 @@ class LLM:
         self.args = {k: v for k, v in bound.arguments.items() if k not in ("self", "kwargs")}
         self.args.update(extra)
         self.shut_down = False
+        self.kv_events: list[dict[str, Any]] = []  # queued for get_kv_cache_events_async
         fake.llms.append(self)
 
     def generate_async(self, *args: Any, **kwargs: Any) -> RequestOutput:
@@ -266,7 +267,40 @@ class LLM:
         else:
             prompt_ids = [ord(c) for c in inputs]  # a text prompt: "tokenized" by the fake
         params = call.get("sampling_params") or SamplingParams()
+        self._queue_kv_events(prompt_ids)
         return RequestOutput(fake, prompt_ids, params)
+
+    def _queue_kv_events(self, prompt_ids: list[int]) -> None:
+        """With an event buffer, the events TensorRT-LLM's KVCacheEventSerializer gives: the
+        cache created (first request), then the prompt's blocks stored, the last one partial."""
+        config = self.args.get("kv_cache_config") or {}
+        if not config.get("event_buffer_max_size"):
+            return
+        size = int(config.get("tokens_per_block") or 32)
+        if not fake.kv_event_ids:
+            self.kv_events.append({"event_id": 0, "data": {"type": "created",
+                                   "num_blocks_per_cache_level": [64, 0]}, "window_size": 2048})  # fmt: skip
+        blocks, parent = [], None
+        for start in range(0, len(prompt_ids), size):
+            chunk = prompt_ids[start : start + size]
+            block_hash = hash((parent, tuple(chunk))) & (2**64 - 1)
+            tokens = [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in chunk]
+            blocks.append({"type": "stored_block", "block_hash": block_hash, "tokens": tokens,
+                           "cache_level": 0, "priority": 35})  # fmt: skip
+            parent = block_hash
+        fake.kv_event_ids.append(len(fake.kv_event_ids) + 1)
+        self.kv_events.append({"event_id": fake.kv_event_ids[-1], "window_size": 2048,
+                               "data": {"type": "stored", "parent_hash": None, "blocks": blocks}})  # fmt: skip
+
+    def get_kv_cache_events_async(self, timeout: float = 2) -> Any:
+        """An async iterator of the queued events; it ends when none is left."""
+
+        async def events() -> Any:
+            while self.kv_events:
+                yield self.kv_events.pop(0)
+            await asyncio.sleep(0)
+
+        return events()
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -326,6 +360,7 @@ def install(monkeypatch: Any) -> types.ModuleType:
     monkeypatch.setattr(fake, "llms", [])
     monkeypatch.setattr(fake, "aborted", [])
     monkeypatch.setattr(fake, "reused_prompt_tokens", 0, raising=False)
+    monkeypatch.setattr(fake, "kv_event_ids", [], raising=False)
     monkeypatch.delitem(
         sys.modules, "tensorrtllm_backend.python_models.llmapi.trtllm", raising=False
     )

@@ -319,3 +319,49 @@ def test_prompt_scores_cut_short_by_the_kv_cache_are_refused(model, fake) -> Non
                                     sampling_param_exclude_input_from_output=True)  # fmt: skip
     model.execute([request])
     assert "enable_block_reuse: false" in (request.error() or "")
+
+
+def test_the_llm_apis_kv_cache_events_are_published_in_vllms_format(
+    fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With TRTLLM_KV_EVENTS_ENDPOINT set, the LLM is built with block reuse and an event
+    buffer, and its events reach a ZeroMQ subscriber as vLLM's: the cache's creation as
+    AllBlocksCleared, a prompt's full blocks as BlockStored (its partial last block left out)."""
+    import socket
+
+    import msgpack
+    import zmq
+
+    from tests.waiting import wait_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", f"tcp://127.0.0.1:{port}")
+    subscriber = zmq.Context.instance().socket(zmq.SUB)
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
+    subscriber.connect(f"tcp://127.0.0.1:{port}")
+    started = serve(monkeypatch, tmp_path, kv_cache_config={"tokens_per_block": 8})
+    try:
+        (llm,) = fake.llms
+        assert llm.args["kv_cache_config"]["event_buffer_max_size"] > 0
+        assert llm.args["kv_cache_config"]["enable_block_reuse"] is True
+        events: list[dict] = []
+
+        def stored() -> bool:
+            request = harness.token_request(list(range(1, 21)), sampling_param_max_tokens=1,
+                                            sampling_param_exclude_input_from_output=True)  # fmt: skip
+            started.execute([request])
+            request.wait()
+            while subscriber.poll(100):
+                _topic, _seq, payload = subscriber.recv_multipart()
+                events.extend(msgpack.unpackb(payload)[1])
+            return any(event["type"] == "BlockStored" for event in events)
+
+        assert wait_for(stored, 10), events
+        block = next(event for event in events if event["type"] == "BlockStored")
+        assert block["token_ids"] == list(range(1, 17)) and block["block_size"] == 8
+        assert len(block["block_hashes"]) == 2 and block["parent_block_hash"] is None
+    finally:
+        started.finalize()
+        subscriber.close(linger=0)
