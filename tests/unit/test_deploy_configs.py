@@ -32,3 +32,29 @@ def test_the_bentocloud_config_is_a_deployment_of_this_service(monkeypatch) -> N
         monkeypatch.setenv(name, value)
     events = kv_events_settings()
     assert events is not None and events.endpoint == "tcp://0.0.0.0:5557"
+
+
+def test_the_kubernetes_replicas_publish_what_a_router_reads(monkeypatch) -> None:
+    """deploy/kubernetes/replicas.yaml: a Deployment whose pods serve on the port the Service
+    names, probe the service's own endpoints, and publish KV-cache events on the port they
+    declare, with llm-d's topic; the settings parse as the engine reads them."""
+    from tensorrtllm_backend.serving.apis import APIS
+
+    deployment, service = yaml.safe_load_all(
+        (ROOT / "deploy" / "kubernetes" / "replicas.yaml").read_text()
+    )
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert service["spec"]["ports"][0]["targetPort"] in ports
+    paths = {api.path for api in APIS if api.open}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["path"] in paths
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    for name, value in env.items():
+        if name.startswith("TRTLLM_"):
+            assert name in STUB_VARIABLES
+            monkeypatch.setenv(name, value.replace("$(POD_IP)", "10.0.0.7"))
+    events = kv_events_settings()
+    assert events is not None and events.endpoint.endswith(f":{ports['kv-events']}")
+    assert events.topic == f"kv@10.0.0.7:{ports['http']}@trtllm"
