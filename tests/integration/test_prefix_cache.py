@@ -73,3 +73,59 @@ def test_anthropic_usage_reports_the_cache_read(server) -> None:
         )  # fmt: skip
         read = message.usage.cache_read_input_tokens or 0
         assert (read > 0) is expect_cached, message.usage
+
+
+def replayed_events(endpoint: str) -> list[dict]:
+    """Every event the replica's replay socket still holds, from sequence 0 (as vllm-router
+    asks for what it missed): the DEALER protocol of vLLM's publisher."""
+    import msgpack
+    import zmq
+
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    events: list[dict] = []
+    try:
+        while True:
+            assert dealer.poll(10_000), "no answer from the replay socket"
+            _empty, _topic, seq, payload = dealer.recv_multipart()
+            if seq == (-1).to_bytes(8, "big", signed=True):
+                return events
+            events.extend(msgpack.unpackb(payload)[1])
+    finally:
+        dealer.close(linger=0)
+
+
+def test_a_restart_that_loses_the_cache_says_so_in_the_events(
+    tmp_path_factory: pytest.TempPathFactory, prefix: list[int]
+) -> None:
+    """The engine publishes its blocks as vLLM's events; when tritonserver dies and comes back
+    with an empty cache, its events start again with AllBlocksCleared, so a router drops what
+    the replica no longer holds."""
+    import psutil
+
+    from tensorrtllm_backend.triton.command import find_free_port
+    from tests.integration.conftest import serves_requests
+    from tests.waiting import wait_for
+
+    live, replay = (f"tcp://127.0.0.1:{find_free_port()}" for _ in range(2))
+    tag = pack("--demo", "--enable-kv-cache-reuse", "true", "--tokens-per-block", str(BLOCK))
+    env = {"TRTLLM_KV_EVENTS_ENDPOINT": live, "TRTLLM_KV_EVENTS_REPLAY_ENDPOINT": replay}
+    server = start_bento_server(tag, tmp_path_factory.mktemp("restart"), env)
+    try:
+        client = openai_client(server, CLIENT_TIMEOUT_S)
+        model = client.models.list().data[0].id
+        client.completions.create(model=model, prompt=prefix[:200], max_tokens=2)
+        stored = wait_for(
+            lambda: [e for e in replayed_events(replay) if e["type"] == "BlockStored"], 30
+        )
+        assert stored and stored[0]["block_size"] == BLOCK
+        (triton,) = [p for p in server.tritons() if "tritonserver" in p.cmdline()[0]]
+        triton.kill()
+        psutil.wait_procs([triton], timeout=15)
+        assert wait_for(lambda: serves_requests(server.url), 120, 0.5), server.log()[-3000:]
+        after = replayed_events(replay)
+        assert after and after[0]["type"] == "AllBlocksCleared"
+        assert not [e for e in after if e["type"] == "BlockStored"]  # the old blocks are gone
+    finally:
+        server.stop()
