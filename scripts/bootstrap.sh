@@ -15,6 +15,17 @@ wanted="$(cat requirements.txt requirements-cpu.txt requirements-dev.txt require
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   echo "bootstrap: installing requirements into .venv (about a minute on a fresh machine)"
   .venv/bin/python -m pip install --quiet --upgrade pip
+  # Without an NVIDIA GPU, torch's CPU build: on plain PyPI the pinned release resolves to the
+  # CUDA build, which pulls several GB of nvidia packages the CPU path never uses. Where pip
+  # already finds a CPU build (a local wheel folder), nothing changes.
+  torch_pin="$(grep -E '^torch==' requirements-cpu.txt)"
+  if ! command -v nvidia-smi >/dev/null && ! .venv/bin/python -c "import torch" 2>/dev/null &&
+    .venv/bin/python -m pip install --dry-run --quiet --report - "$torch_pin" 2>/dev/null |
+    .venv/bin/python -c 'import json, sys; sys.exit(not any(i["metadata"]["name"].startswith("nvidia-") for i in json.load(sys.stdin)["install"]))'; then
+    echo "bootstrap: no NVIDIA GPU: $torch_pin from PyTorch's CPU wheel index"
+    .venv/bin/python -m pip install --quiet "$torch_pin" --index-url https://download.pytorch.org/whl/cpu \
+      --extra-index-url https://pypi.org/simple
+  fi
   .venv/bin/python -m pip install --quiet -r requirements-dev.txt
   # xgrammar without its GPU-only `triton` dependency (see requirements-guided.txt).
   .venv/bin/python -m pip install --quiet --no-deps -r requirements-guided.txt
