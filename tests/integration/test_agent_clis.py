@@ -161,3 +161,39 @@ def test_codex_runs_its_shell_tool_and_answers(proxy: tuple[str, Path], tmp_path
     first = exchanges(log)[0]["body"]
     kinds = {tool.get("type") for tool in first["tools"]}
     assert {"namespace", "web_search"} <= kinds and first["reasoning"] is not None
+
+
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch"
+
+
+def test_a_custom_tool_call_round_trips_through_the_openai_client(server: BentoServer) -> None:
+    """Codex's freeform tools (`type: custom`, e.g. apply_patch with a lark grammar), through
+    the official `openai` client: the call comes back as a custom_tool_call whose input is the
+    raw text, streamed with its input events, and its output sent back is answered."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    tool = {
+        "type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'},
+    }  # fmt: skip
+    ask = f"CALL apply_patch {json.dumps({'input': PATCH})}"
+    response = client.responses.create(model=MODEL, input=ask, tools=[tool], max_output_tokens=256)
+    (call,) = [item for item in response.output if item.type == "custom_tool_call"]
+    assert (call.name, call.input) == ("apply_patch", PATCH)
+    events = list(
+        client.responses.create(
+            model=MODEL, input=ask, tools=[tool], max_output_tokens=256, stream=True
+        )
+    )
+    done = [event for event in events if event.type == "response.custom_tool_call_input.done"]
+    assert [event.input for event in done] == [PATCH]
+    answer = client.responses.create(
+        model=MODEL, tools=[tool], max_output_tokens=256,
+        input=[
+            {"type": "message", "role": "user", "content": ask},
+            {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": PATCH},
+            {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done: hello.txt"},
+        ],
+    )  # fmt: skip
+    assert "Done: hello.txt" in answer.output_text

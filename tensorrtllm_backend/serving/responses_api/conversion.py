@@ -4,6 +4,7 @@ items and the stored conversation of `previous_response_id` as the messages, fun
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -17,7 +18,8 @@ from ..request_errors import RequestError
 from .protocol import (
     HOSTED_TOOLS,
     ITEM_TYPES,
-    FunctionCallItem,
+    CustomTool,
+    CustomToolCallItem,
     FunctionCallOutputItem,
     FunctionTool,
     InputItem,
@@ -29,6 +31,8 @@ from .protocol import (
 logger = logging.getLogger(__name__)
 # How a namespace tool's function is named to the model: `namespace__function`.
 NAMESPACE_SEPARATOR = "__"
+# The one argument a custom tool is offered with: its free-form input.
+CUSTOM_INPUT = "input"
 # Chat fields named in errors, and the Responses field they came from.
 FIELDS = {
     "messages": "input",
@@ -49,7 +53,7 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
         if model is None:
             raise RequestError(
                 f"{where}[{position}]: items of type {kind!r} are not supported here (messages, "
-                "function_call, function_call_output and reasoning are)",
+                "function and custom tool calls, their outputs, and reasoning are)",
                 param=f"{where}[{position}].type",
             )
         try:
@@ -65,7 +69,13 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
 
 def stored_item(item: InputItem) -> dict[str, Any]:
     """An input item as stored: with an id, as OpenAI lists input items."""
-    prefix = {"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(item.type, "fco")
+    prefixes = {
+        "message": "msg",
+        "function_call": "fc",
+        "reasoning": "rs",
+        "custom_tool_call": "ctc",
+    }
+    prefix = prefixes.get(item.type, "fco")
     return {**item.model_dump(exclude_none=True, by_alias=True), "id": item.id or new_id(prefix)}
 
 
@@ -82,7 +92,7 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
         if isinstance(item, ReasoningItem):
             thinking += item.text()
             continue
-        if isinstance(item, FunctionCallOutputItem):
+        if isinstance(item, FunctionCallOutputItem):  # a custom tool call's output too
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
             continue
         if isinstance(item, MessageItem):
@@ -91,12 +101,14 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
                 continue
             messages.append({"role": item.role, "content": item.text()})
         else:
-            assert isinstance(item, FunctionCallItem)
-            name = offered_name(item.namespace, item.name)
+            if isinstance(item, CustomToolCallItem):  # offered as a function of one string
+                name, arguments = item.name, json.dumps({CUSTOM_INPUT: item.input})
+            else:
+                name, arguments = offered_name(item.namespace, item.name), item.arguments
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": name, "arguments": item.arguments},
+                "function": {"name": name, "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
@@ -127,13 +139,59 @@ def namespaced(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]
     }
 
 
+def custom_tools(tools: list[dict[str, Any]] | None) -> set[str]:
+    """The names of the custom tools (their calls are reported as custom_tool_call items)."""
+    return {
+        tool["name"]
+        for tool in tools or ()
+        if tool.get("type") == "custom" and isinstance(tool.get("name"), str)
+    }
+
+
+def _custom(tool: Any, where: str, forced: bool) -> dict[str, Any]:
+    """A custom tool as the function the model is offered: one string argument, `input`. A
+    regex format is that string's pattern, which guided decoding enforces when the call is
+    forced; a lark grammar is shown to the model, and enforced nowhere (a forced call to it is
+    refused)."""
+    try:
+        custom = CustomTool.model_validate(tool)
+    except ValidationError as error:
+        message, _ = validation_message(error)
+        raise RequestError(f"{where}.{message}", param=where) from None
+    text: dict[str, Any] = {"type": "string", "description": "the tool's input, free-form text"}
+    description = custom.description or ""
+    form = custom.format
+    if form is not None and form.type == "grammar" and form.definition:
+        if form.syntax == "regex":
+            text["pattern"] = form.definition
+        elif forced:
+            raise RequestError(
+                f"{where}: a forced call to a custom tool with a lark grammar is not enforced "
+                "here (regex formats are): send tool_choice auto, or a regex format",
+                param=f"{where}.format",
+            )
+        else:
+            description += f"\n\nIts input follows this {form.syntax} grammar:\n{form.definition}"
+    return {
+        "name": custom.name,
+        "description": description.strip() or None,
+        "parameters": {
+            "type": "object",
+            "properties": {CUSTOM_INPUT: text},
+            "required": [CUSTOM_INPUT],
+            "additionalProperties": False,
+        },
+    }
+
+
 def chat_tools(
-    tools: list[dict[str, Any]] | None, hosted: str = "omit"
+    tools: list[dict[str, Any]] | None, hosted: str = "omit", forced: str | None = None
 ) -> list[dict[str, Any]] | None:
-    """The function tools the model is offered: function tools, and the functions of namespace
-    tools under their offered names. Tools that run on OpenAI's side are left out with a log
-    line (`hosted` "omit", TRTLLM_HOSTED_TOOLS) or refused ("reject"); other types are
-    refused."""
+    """The function tools the model is offered: function tools, the functions of namespace
+    tools under their offered names, and custom tools as functions of one string (`forced`:
+    the name of the tool a call is forced to). Tools that run on OpenAI's side are left out
+    with a log line (`hosted` "omit", TRTLLM_HOSTED_TOOLS) or refused ("reject"); other types
+    are refused."""
     if tools is None:
         return None
     converted = []
@@ -149,11 +207,16 @@ def chat_tools(
         if kind in HOSTED_TOOLS and hosted == "omit":
             _omitted(str(kind))
             continue
+        if kind == "custom":
+            where = f"tools[{position}]"
+            offered = _custom(tool, where, forced is not None and tool.get("name") == forced)
+            converted.append({"type": "function", "function": offered})
+            continue
         if kind != "function":
             raise RequestError(
                 f"tools[{position}]: {kind!r} tools are not supported: this server runs the "
-                "model only, so it offers function and namespace tools (tools that run on "
-                "OpenAI's side are left out with TRTLLM_HOSTED_TOOLS=omit)",
+                "model only, so it offers function, namespace and custom tools (tools that run "
+                "on OpenAI's side are left out with TRTLLM_HOSTED_TOOLS=omit)",
                 param=f"tools[{position}].type",
             )
         converted.append({"type": "function", "function": _function(tool, f"tools[{position}]")})
@@ -185,7 +248,11 @@ def _omitted(kind: str) -> None:
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") in ("function", "custom")
+        and "name" in choice
+    ):
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
     raise RequestError(
@@ -193,6 +260,10 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
         '{"type": "function", "name": ...}',
         param="tool_choice",
     )
+
+
+def _forced_name(choice: str | dict[str, Any] | None) -> str | None:
+    return choice.get("name") if isinstance(choice, dict) else None
 
 
 def chat_request(
@@ -209,7 +280,7 @@ def chat_request(
         "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
-        "tools": chat_tools(request.tools, hosted),
+        "tools": chat_tools(request.tools, hosted, _forced_name(request.tool_choice)),
         "tool_choice": chat_tool_choice(request.tool_choice),
         "seed": request.seed,
         "top_k": request.top_k,

@@ -20,9 +20,10 @@ RESPONSES_FIELDS = rules.FieldTable(
         *rules.as_documented("temperature", "top_p"),
         rules.mapped(
             "tools",
-            "function tools; a namespace tool's functions as `namespace__name`; tools "
-            "that run on OpenAI's side are left out (TRTLLM_HOSTED_TOOLS=omit) or refused "
-            "(reject)",
+            "function tools; a namespace tool's functions as `namespace__name`; custom tools "
+            "as functions of one string `input`, called back as custom_tool_call items (a regex "
+            "format enforced when forced); tools that run on OpenAI's side are left out "
+            "(TRTLLM_HOSTED_TOOLS=omit) or refused (reject)",
             None,
         ),
         rules.mapped("tool_choice", "as on chat completions: a guide for a forced call", None),

@@ -4,21 +4,24 @@ the text and the part are done, the item is done."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..chat.parts import AnswerParts
 from ..ids import new_id
+from .conversion import CUSTOM_INPUT
 
 Event = tuple[str, dict[str, Any]]  # (type, payload without type and sequence number)
 
 
 class OutputBuilder(AnswerParts[Event]):
     """Output items: a `reasoning` item for the thinking, a `message` for the text, a
-    `function_call` per call; `items` is the output so far. `namespaced`: offered name ->
-    (namespace, function) of the functions of namespace tools, whose calls are reported with
-    their namespace; `summary`: reasoning items carry the thinking as their summary too;
-    `seal`: they carry it encrypted too (:mod:`.sealing`)."""
+    `function_call` per call (a `custom_tool_call` for a custom tool); `items` is the output so
+    far. `namespaced`: offered name -> (namespace, function) of the functions of namespace tools,
+    whose calls are reported with their namespace; `custom`: the custom tools' names;
+    `summary`: reasoning items carry the thinking as their summary too; `seal`: they carry it
+    encrypted too (:mod:`.sealing`)."""
 
     def __init__(
         self,
@@ -26,11 +29,13 @@ class OutputBuilder(AnswerParts[Event]):
         namespaced: dict[str, tuple[str, str]] | None = None,
         summary: bool = False,
         seal: Callable[[str], str] | None = None,
+        custom: set[str] | None = None,
     ) -> None:
         super().__init__()
         self.items: list[dict[str, Any]] = items if items is not None else []
         self.status = "completed"  # of the items closed from now on
         self.namespaced = namespaced or {}
+        self.custom = custom or set()
         self.summary = summary
         self.seal = seal  # reasoning items carry their thinking sealed too
 
@@ -38,7 +43,12 @@ class OutputBuilder(AnswerParts[Event]):
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
 
     def opened(self, kind: str, name: str | None) -> Iterator[Event]:
-        if kind == "call":
+        if kind == "call" and name in self.custom:
+            item = {
+                "type": "custom_tool_call", "id": new_id("ctc"), "call_id": new_id("call"),
+                "name": name, "input": "", "status": "in_progress",
+            }  # fmt: skip
+        elif kind == "call":
             item = {
                 "type": "function_call", "id": new_id("fc"), "call_id": new_id("call"),
                 "name": name, "arguments": "", "status": "in_progress",
@@ -63,6 +73,8 @@ class OutputBuilder(AnswerParts[Event]):
             }  # fmt: skip
 
     def grew(self, kind: str, text: str) -> Iterator[Event]:
+        if kind == "call" and self.items[-1]["type"] == "custom_tool_call":
+            return  # its input is the arguments' one string: known once they are whole
         if kind == "call":
             yield "response.function_call_arguments.delta", {**self._where(), "delta": text}
         elif kind == "thinking":
@@ -76,7 +88,11 @@ class OutputBuilder(AnswerParts[Event]):
 
     def closed(self, kind: str, text: str) -> Iterator[Event]:
         item, where = self.items[-1], self._where()
-        if kind == "call":
+        if kind == "call" and item["type"] == "custom_tool_call":
+            item["input"] = custom_input(text)
+            yield "response.custom_tool_call_input.delta", {**where, "delta": item["input"]}
+            yield "response.custom_tool_call_input.done", {**where, "input": item["input"]}
+        elif kind == "call":
             item["arguments"] = text
             yield "response.function_call_arguments.done", {**where, "arguments": text}
         else:
@@ -109,6 +125,18 @@ class OutputBuilder(AnswerParts[Event]):
             if item["type"] == "reasoning"
             for part in item["content"]
         )
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool call's input: the one string of the arguments it was offered with (the
+    arguments themselves where the model wrote something else)."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
+        return str(parsed[CUSTOM_INPUT])
+    return arguments
 
 
 def _part(kind: str, text: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..chat.request import NAME_PATTERN, BookkeepingFields, RequestModel
-from ..schemas import UINT64_MAX
+from ..schemas import MAX_GUIDE_CHARS, UINT64_MAX
 from .fields import RESPONSES_FIELDS
 
 # Tool types of the Responses API that run on OpenAI's side: the model cannot call them here.
@@ -100,12 +100,36 @@ class ReasoningItem(RequestModel):
         return "".join(part.text for part in parts)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+class CustomToolCallItem(RequestModel):
+    """A call of a custom tool: its input is free-form text, not JSON arguments."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(..., min_length=1)
+    name: str = Field(..., pattern=NAME_PATTERN)
+    input: str
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallOutputItem(FunctionCallOutputItem):
+    type: Literal["custom_tool_call_output"]  # type: ignore[assignment]
+
+
+InputItem = (
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | ReasoningItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
+)
 ITEM_TYPES: dict[str, type[InputItem]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
     "reasoning": ReasoningItem,
+    "custom_tool_call": CustomToolCallItem,
+    "custom_tool_call_output": CustomToolCallOutputItem,
 }
 
 
@@ -115,6 +139,23 @@ class FunctionTool(RequestModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+class CustomToolFormat(RequestModel):
+    """What a custom tool's input looks like: free text, or text a grammar accepts."""
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = Field(None, max_length=MAX_GUIDE_CHARS)
+
+
+class CustomTool(RequestModel):
+    """A tool whose input is free-form text (Codex's `apply_patch`, for one)."""
+
+    type: Literal["custom"]
+    name: str = Field(..., pattern=NAME_PATTERN)
+    description: str | None = None
+    format: CustomToolFormat | None = None
 
 
 class TextFormat(RequestModel):

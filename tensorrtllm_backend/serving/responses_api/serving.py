@@ -32,7 +32,14 @@ from ..offload import INLINE_MAX_CHARS
 from ..request_errors import RequestError
 from ..schemas import FinishReason
 from ..web.sse import named_event
-from .conversion import FIELDS, chat_request, namespaced, parse_items, stored_item
+from .conversion import (
+    FIELDS,
+    chat_request,
+    custom_tools,
+    namespaced,
+    parse_items,
+    stored_item,
+)
 from .output import Event, OutputBuilder
 from .protocol import InputItem, ReasoningItem, ReasoningText, ResponsesRequest
 from .sealing import ReasoningSeal, new_key
@@ -118,7 +125,8 @@ class ResponsesServing:
         summary = request.reasoning is not None and request.reasoning.wants_summary()
         sealed = "reasoning.encrypted_content" in (request.include or ())
         seal = self.seal.seal if sealed else None
-        return OutputBuilder(run.output, namespaced(request.tools), summary, seal)
+        tools = request.tools
+        return OutputBuilder(run.output, namespaced(tools), summary, seal, custom_tools(tools))
 
     def _not_found(self, response_id: str, param: str | None = None) -> RequestError:
         keeps = (

@@ -23,6 +23,7 @@ from tensorrtllm_backend.serving.responses_api.conversion import (
     chat_request,
     chat_tool_choice,
     chat_tools,
+    custom_tools,
     namespaced,
     parse_items,
 )
@@ -100,7 +101,7 @@ def test_tools_and_tool_choices_become_the_chat_apis() -> None:
         chat_tools([TOOL, {"type": "web_search"}], hosted="reject")
     assert caught.value.param == "tools[1].type"
     with pytest.raises(RequestError) as caught:
-        chat_tools([{"type": "custom", "name": "apply_patch"}])
+        chat_tools([{"type": "local_shell"}])
     assert caught.value.param == "tools[0].type"
     with pytest.raises(RequestError, match="allowed_tools"):
         chat_tool_choice({"type": "allowed_tools", "mode": "auto", "tools": []})
@@ -258,3 +259,51 @@ def test_truncation_auto_leaves_out_the_oldest_turns_only(demo_tokenizer) -> Non
     dropped = items.index(first_user) - 1
     # The fewest turns: one more would have fit too.
     assert core.prompt_tokens(chat([items[0], *items[dropped - 1 :]])) > size // 2
+
+
+PATCH_GRAMMAR = {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'}
+
+
+def test_a_custom_tool_is_offered_as_a_function_of_one_string_and_reported_as_its_own_call() -> (
+    None
+):
+    """Codex's freeform tools: the model sees a function of one `input` string (a lark grammar
+    in its description, a regex as the string's pattern); its call comes back as a
+    custom_tool_call with the raw input, and sent back it is that function's call again."""
+    tools = [
+        {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": PATCH_GRAMMAR},
+        {"type": "custom", "name": "ticket", "format": {"type": "grammar", "syntax": "regex",
+                                                       "definition": "[A-Z]+-[0-9]+"}},
+    ]  # fmt: skip
+    patch, ticket = (tool["function"] for tool in chat_tools(tools) or ())
+    assert patch["parameters"]["required"] == ["input"]
+    assert "lark grammar" in patch["description"] and "*** Begin Patch" in patch["description"]
+    assert ticket["parameters"]["properties"]["input"]["pattern"] == "[A-Z]+-[0-9]+"
+    assert chat_tool_choice({"type": "custom", "name": "ticket"}) == {
+        "type": "function", "function": {"name": "ticket"}
+    }  # fmt: skip
+    output = OutputBuilder(custom=custom_tools(tools))
+    arguments = json.dumps({"input": "*** Begin Patch\nx"})
+    events = [*output.feed([CallStart(0, "apply_patch"), ArgumentsDelta(0, arguments)])]
+    events += output.close()
+    (call,) = output.items
+    assert call["type"] == "custom_tool_call" and call["input"] == "*** Begin Patch\nx"
+    kinds = [kind for kind, _ in events]
+    assert "response.custom_tool_call_input.done" in kinds
+    assert "response.function_call_arguments.delta" not in kinds
+    items = parse_items([
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "diff"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+    ])  # fmt: skip
+    assistant, result = chat_messages(None, items)
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {"input": "diff"}
+    assert (result["role"], result["content"]) == ("tool", "done")
+
+
+def test_a_forced_call_to_a_lark_custom_tool_is_refused_not_left_unenforced() -> None:
+    with pytest.raises(RequestError, match="lark grammar is not enforced") as caught:
+        chat_tools(
+            [{"type": "custom", "name": "apply_patch", "format": PATCH_GRAMMAR}],
+            forced="apply_patch",
+        )
+    assert caught.value.param == "tools[0].format"
