@@ -362,3 +362,19 @@ def test_unknown_fields_are_logged_once(
     )
     lines = [line for line in server.log().splitlines() if "frobnicate_level" in line]
     assert len(lines) == 1 and "WARNING" in lines[0] and "unknown field" in lines[0]
+
+
+def test_a_forced_custom_tool_with_a_regex_format_is_called_with_a_matching_input(
+    client: openai.OpenAI, model: str
+) -> None:
+    """Responses' custom tools: forced, a regex format is enforced on the call's input."""
+    tool = {
+        "type": "custom", "name": "ticket", "description": "Open a ticket.",
+        "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{2,4}-[0-9]{1,4}"},
+    }  # fmt: skip
+    response = client.responses.create(
+        model=model, input="Open a ticket for the outage.", tools=[tool],
+        tool_choice={"type": "custom", "name": "ticket"}, max_output_tokens=64, temperature=0.8,
+    )  # fmt: skip
+    (call,) = [item for item in response.output if item.type == "custom_tool_call"]
+    assert call.name == "ticket" and re.fullmatch("[A-Z]{2,4}-[0-9]{1,4}", call.input), call.input
