@@ -406,3 +406,29 @@ def service_request(
     if api == "openai":
         return OpenAICompletions(client, url, model, max_tokens, expect)
     raise ValueError(f"unknown service API {api!r}")
+
+
+async def cached_prefix_turn(
+    client: aiohttp.ClientSession, url: str, model: str, ids: list[int]
+) -> tuple[float, int]:
+    """One streamed /v1/completions request of token ids, 4 greedy tokens: (seconds to its first
+    text, the prompt tokens the replica found in its prefix cache)."""
+    body = {
+        "model": model, "prompt": ids, "max_tokens": 4, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    started = time.perf_counter()
+    first, cached = None, 0
+    async with client.post(f"{url}/v1/completions", json=body) as response:
+        if response.status != 200:
+            raise await _error_status(response)
+        async for line in response.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["choices"] and first is None:
+                first = time.perf_counter() - started
+            if event.get("usage"):
+                cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert first is not None
+    return first, cached

@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import platform
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,34 +32,10 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_clients import http_client
+from benchmarks.bench_clients import cached_prefix_turn, http_client
 from benchmarks.bench_procs import ROOT, Processes, write_result
 
 MODES = ("reuse", "no-reuse")
-
-
-async def follow_up(client: Any, url: str, model: str, ids: list[int]) -> tuple[float, int]:
-    """One streamed request: (seconds to its first text, its cached prompt tokens)."""
-    body = {
-        "model": model, "prompt": ids, "max_tokens": 4, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True},
-    }  # fmt: skip
-    started = time.perf_counter()
-    first = None
-    cached = 0
-    async with client.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
-        async for line in response.content:
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
-            if event["choices"] and first is None:
-                first = time.perf_counter() - started
-            if event.get("usage"):
-                cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert first is not None
-    return first, cached
 
 
 async def run_round(url: str, model: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -71,15 +45,16 @@ async def run_round(url: str, model: str, args: argparse.Namespace, seed: int) -
     async with http_client(1) as client:
         for _ in range(args.sessions):
             prompt = rng.integers(10, 2000, size=args.prefix_tokens).tolist()
-            await follow_up(client, url, model, prompt)  # the first turn fills the cache
+            await cached_prefix_turn(client, url, model, prompt)  # the first turn fills the cache
             for _ in range(args.turns):
                 prompt = prompt + rng.integers(10, 2000, size=args.turn_tokens).tolist()
-                ttft, reused = await follow_up(client, url, model, prompt)
+                ttft, reused = await cached_prefix_turn(client, url, model, prompt)
                 ttfts.append(ttft)
                 cached.append(reused)
     return {
         "ttft_p50_ms": statistics.median(ttfts) * 1000,
-        "ttft_p90_ms": statistics.quantiles(ttfts, n=10)[-1] * 1000,
+        "ttft_p90_ms": (statistics.quantiles(ttfts, n=10)[-1] if len(ttfts) > 1 else ttfts[0])
+        * 1000,
         "cached_fraction": statistics.fmean(
             c / (args.prefix_tokens + (i % args.turns) * args.turn_tokens)
             for i, c in enumerate(cached)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -41,35 +40,12 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_clients import http_client
+from benchmarks.bench_clients import cached_prefix_turn, http_client
 from benchmarks.bench_procs import ROOT, Processes, Service, write_result
 from tensorrtllm_backend.triton.command import find_free_port
 
 ROUTER = ROOT / ".router-venv" / "bin" / "vllm-router"
 POLICIES = ("round_robin", "cache_aware", "kv_aware")
-
-
-async def turn(client: Any, url: str, model: str, ids: list[int]) -> tuple[float, int]:
-    """One streamed completion: (seconds to its first text, its cached prompt tokens)."""
-    body = {
-        "model": model, "prompt": ids, "max_tokens": 4, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True},
-    }  # fmt: skip
-    started = time.perf_counter()
-    first, cached = None, 0
-    async with client.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
-        async for line in response.content:
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
-            if event["choices"] and first is None:
-                first = time.perf_counter() - started
-            if event.get("usage"):
-                cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert first is not None
-    return first, cached
 
 
 async def run_policy(url: str, model: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -83,7 +59,7 @@ async def run_policy(url: str, model: str, args: argparse.Namespace, seed: int) 
     async def session(prompt: list[int], client: Any) -> None:
         async with gate:
             for number in range(args.turns):
-                ttft, cached = await turn(client, url, model, prompt)
+                ttft, cached = await cached_prefix_turn(client, url, model, prompt)
                 ttfts.append(ttft)
                 if number:
                     fractions.append(cached / len(prompt))
@@ -97,7 +73,8 @@ async def run_policy(url: str, model: str, args: argparse.Namespace, seed: int) 
         "turns": len(ttfts),
         "cached_fraction": statistics.fmean(fractions),
         "ttft_p50_ms": statistics.median(ttfts) * 1000,
-        "ttft_p99_ms": statistics.quantiles(ttfts, n=100)[-1] * 1000,
+        "ttft_p99_ms": (statistics.quantiles(ttfts, n=100)[-1] if len(ttfts) > 1 else ttfts[0])
+        * 1000,
     }
 
 
