@@ -176,6 +176,7 @@ def test_vllm_prompt_logprobs_per_choice(server, model, prompts, reference) -> N
     ("fields", "message"),
     [
         ({"prompt": [1, 10_000_000]}, "outside the vocabulary"),
+        ({"prompt": [[1, 2], [1, 10_000_000]]}, "prompt 1: prompt holds token id 10000000"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens 0 generates nothing"),
         ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "not streamed"),
         ({"prompt": [[1, 2]] * 300}, "at most 256"),

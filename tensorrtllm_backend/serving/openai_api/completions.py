@@ -136,8 +136,11 @@ class CompletionServing:
                 if score is not None:
                     self.generator.check_scoring(prepared, score)
             except RequestError as error:
-                if len(prompts) > 1:
-                    error.message = f"prompt {position}: {error.message}"
+                if len(prompts) > 1:  # which prompt of the batch
+                    raise RequestError(
+                        f"prompt {position}: {error}", error.status, error.param, error.kind,
+                        error.code,
+                    ) from None  # fmt: skip
                 raise
             plan.jobs.append(Job(prepared, generate, score))
         entries = sum(len(job.prepared.prompt_ids) for job in plan.jobs) * ((score or 0) + 1)
