@@ -231,7 +231,9 @@ class Generator:
     def _check_token_ids(self, token_ids: list[int]) -> list[int]:
         """A prompt sent as token ids: not empty, within max_input_len and the vocabulary."""
         if not token_ids:
-            raise RequestError("prompt holds no token ids: send at least one", param="prompt")
+            raise RequestError(
+                "prompt holds no token ids: send at least one", param="prompt", code="invalid_value"
+            )
         if len(token_ids) > self.limits.max_input_len:
             raise RequestError(
                 f"prompt is {len(token_ids)} tokens but this engine accepts at most "
@@ -244,6 +246,7 @@ class Generator:
             raise RequestError(
                 f"prompt holds token id {outside}, outside the vocabulary [0, {size})",
                 param="prompt",
+                code="invalid_value",
             )
         return list(token_ids)
 

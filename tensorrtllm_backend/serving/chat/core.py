@@ -181,7 +181,7 @@ class ChatCore:
                 lora=lora, **options,
             )  # fmt: skip
         except RequestError as error:
-            if error.param in _CONTEXT_PARAMS:
+            if error.param in _CONTEXT_PARAMS and error.code is None:
                 error.code = "context_length_exceeded"
             elif error.param == "top_log_probs":
                 error.param = top_param

@@ -221,5 +221,6 @@ def test_token_id_prompts_are_checked_and_echo_their_text(generator: Generator, 
     assert prepared.prompt_ids == ids
     assert prepared.prompt == tokenizer.decode(ids, skip_special_tokens=True) == "The cat"
     for bad, message in (([], "no token ids"), ([1, len(tokenizer)], "outside the vocabulary")):
-        with pytest.raises(RequestError, match=message):
+        with pytest.raises(RequestError, match=message) as caught:
             generator.prepare("", SamplingParams(max_tokens=1), token_ids=bad)
+        assert caught.value.code == "invalid_value"  # not a context length's
