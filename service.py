@@ -119,6 +119,7 @@ class TRTLLM:
             self.runtime.settings.stream_interval,
             self.runtime.settings.tool_parser,
             self.runtime.settings.reasoning_parser,
+            self.runtime.quantization,
         )
 
     @bentoml.on_shutdown

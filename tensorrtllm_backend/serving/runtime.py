@@ -120,6 +120,13 @@ class LLMRuntime:
         return self.settings.served_model_name or self.model_root.parent.name
 
     @property
+    def quantization(self) -> dict[str, Any] | None:
+        """The packed model's quantization as pack_model.py recorded it (None: full precision)."""
+        packed = self.manifest.get("engine") or self.manifest.get("checkpoint") or {}
+        found = packed.get("quantization") if isinstance(packed, dict) else None
+        return found if isinstance(found, dict) else None
+
+    @property
     def generator(self) -> Generator:
         if self._generator is None:
             raise RuntimeError("the runtime is not started")

@@ -80,6 +80,7 @@ class ChatCore:
         stream_interval: int = 1,
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
+        quantization: dict[str, Any] | None = None,
     ) -> None:
         """`tool_parser`: the model's tool-call format by name (TRTLLM_TOOL_PARSER); None: read
         from its chat template; "none": no tool calls are parsed. `reasoning_parser` likewise
@@ -88,6 +89,7 @@ class ChatCore:
         self.generator = generator
         self.model_name = model_name
         self.stream_interval = stream_interval
+        self.quantization = quantization  # as packed: shown in /v1/models
         template = getattr(generator.tokenizer, "chat_template", None)
         texts = template.values() if isinstance(template, dict) else [template or ""]
         self.template_renders_tools = any("tools" in text for text in texts)

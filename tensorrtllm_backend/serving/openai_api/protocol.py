@@ -172,6 +172,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "bentotrtllm"
+    # The packed model's quantization (algorithm, group size, KV-cache format), where it has one.
+    quantization: dict[str, Any] | None = None
 
 
 class ModelList(BaseModel):

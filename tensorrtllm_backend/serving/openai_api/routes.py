@@ -13,10 +13,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...settings import load_settings
+from ..chat.core import ChatCore
 from ..web.endpoints import ALL_METHODS, CoreProvider, Endpoints, no_route, streaming_response
 from .completions import CompletionServing
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from .serving import OpenAIServing
+
+
+def card(core: ChatCore, name: str, created: int) -> ModelCard:
+    """A served model's card: the base model's carries its quantization (its adapters too)."""
+    return ModelCard(id=name, created=created, quantization=core.quantization)
 
 
 def build_openai_app(
@@ -57,15 +63,15 @@ def build_openai_app(
     async def models(request: Request) -> Response:
         core = endpoints.core()
         now = int(time.time())
-        cards = [ModelCard(id=name, created=now) for name in core.model_names()]
-        return JSONResponse(ModelList(data=cards).model_dump())
+        cards = [card(core, name, now) for name in core.model_names()]
+        return JSONResponse(ModelList(data=cards).model_dump(exclude_none=True))
 
     async def model(request: Request) -> Response:
         core = endpoints.core()
         name = str(request.path_params["model_id"])
         if name not in core.model_names():
             raise core.unknown_model(name)
-        return JSONResponse(ModelCard(id=name, created=int(time.time())).model_dump())
+        return JSONResponse(card(core, name, int(time.time())).model_dump(exclude_none=True))
 
     return Starlette(
         routes=[

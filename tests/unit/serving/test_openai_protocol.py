@@ -97,3 +97,26 @@ def test_a_prompt_is_a_string_strings_token_ids_or_lists_of_them(
 def test_malformed_prompts_are_refused_with_what_to_fix(prompt: Any, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         completion(prompt)
+
+
+async def test_models_show_the_packed_quantization(demo_tokenizer) -> None:
+    """/v1/models carries the packed model's quantization (and nothing where there is none)."""
+    import httpx
+
+    from tensorrtllm_backend.serving.chat.core import ChatCore
+    from tensorrtllm_backend.serving.generation import EngineLimits, Generator
+    from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
+    from tensorrtllm_backend.triton.client import TritonLLMClient
+
+    client = TritonLLMClient("127.0.0.1:1")  # never called: /models answers from the core
+    generator = Generator(client, demo_tokenizer, EngineLimits(64, 128))
+    quantization = {"algorithm": "FP8", "kv_cache": "FP8", "source": "hf_quant_config.json"}
+    for packed, expected in ((quantization, quantization), (None, None)):
+        app = build_openai_app(lambda packed=packed: ChatCore(generator, "m", quantization=packed))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            (card,) = (await http.get("/models")).json()["data"]
+            one = (await http.get("/models/m")).json()
+        assert card.get("quantization") == expected == one.get("quantization")
+        assert card["id"] == "m" and card["object"] == "model"
+    await client.close()
