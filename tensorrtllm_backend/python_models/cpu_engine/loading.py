@@ -67,7 +67,8 @@ def _wire(event: Event) -> KvEvent:
 
 def make_backend(config: EngineConfig, reuse: BlockTable | None = None) -> Backend:
     """The synthetic, scripted or hf backend a CPU engine dir describes; `reuse`: the prefix
-    cache of an hf backend (the others compute no keys and values to reuse)."""
+    cache (hf's reuses keys and values; the synthetic engine's is bookkeeping; the scripted
+    engine has none)."""
     section = config.cpu_engine
     if section.mode == "scripted":
         from .scripted import ScriptedBackend
@@ -88,6 +89,7 @@ def make_backend(config: EngineConfig, reuse: BlockTable | None = None) -> Backe
             ttft_ms=section.ttft_ms,
             itl_ms=section.itl_ms,
             seed=section.seed,
+            reuse=reuse,
         )
     from .hf import HFBackend
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .block_cache import BlockTable, chain_hashes
 from .request import GenRequest, TopLogprobs
 from .scheduler import StepResult
 
@@ -87,7 +88,11 @@ class SyntheticBackend:
         ttft_ms: float = 0.0,
         itl_ms: float = 0.0,
         seed: int = 0,
+        reuse: BlockTable | None = None,
     ) -> None:
+        """`reuse`: a prefix cache modelled as bookkeeping only (no keys and values, and the
+        same first-token delay): which prompts' blocks it holds, reported as cached tokens and
+        as KV-cache events, for load tests of prefix-aware routing."""
         if vocab_size <= FIRST_ID + 1:
             raise ValueError(f"vocab_size must be > {FIRST_ID + 1}")
         self.vocab_size = vocab_size
@@ -96,12 +101,17 @@ class SyntheticBackend:
         self.itl_s = itl_ms / 1000.0
         self.seed = seed
         self._span = vocab_size - FIRST_ID
+        self._reuse = reuse
 
     def admit(self, req: GenRequest) -> None:
         for token in req.prompt:
             if not 0 <= token < self.vocab_size:
                 raise ValueError(f"token id {token} outside the vocabulary [0, {self.vocab_size})")
         req.backend_state = prompt_hash(req.prompt) + 7 * (self.seed + req.sampling.seed)
+        if self._reuse is not None:  # at least the last prompt token is computed, as in hf
+            found = self._reuse.match(chain_hashes(req.prompt[:-1], self._reuse.block_size))
+            req.reused_blocks = len(found)
+            req.cached_tokens = len(found) * self._reuse.block_size
 
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
         span = self._span
@@ -134,4 +144,8 @@ class SyntheticBackend:
         return [token, *others], [0.0] + [float("-inf")] * len(others)
 
     def release(self, req: GenRequest) -> None:
+        if self._reuse is not None and req.generated:
+            # What hf would hold: the prompt and every generated token but the last.
+            tokens = req.prompt + req.generated[:-1]
+            self._reuse.store(chain_hashes(tokens, self._reuse.block_size), tokens)
         req.backend_state = None

@@ -307,3 +307,29 @@ def test_synthetic_context_logits_follow_the_documented_formula():
     assert logits.shape == (3, 40) and logits.dtype.name == "float32"
     assert (logits[0] == logits[2]).all()  # a function of the token alone
     assert logits[1, 7] == pytest.approx(-((7 * 7919 + 9 * 104729) % 1000) / 100)
+
+
+def test_the_synthetic_engine_models_a_prefix_cache(make_scheduler):
+    """Bookkeeping only: a request that shares an earlier one's full blocks reports them as
+    reused (the last prompt token always computed), and the tokens do not change."""
+    from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable, Stored
+
+    events: list = []
+    sched = make_scheduler(reuse=BlockTable(4, 64, events.extend))
+    shared = list(range(10, 26))  # four blocks of four
+    first, first_sink = make_request(shared + [30, 31], 3)
+    sched.submit(first)
+    wait_all(first_sink)
+    second, second_sink = make_request(shared + [40, 41, 42, 43], 3)
+    sched.submit(second)
+    wait_all(second_sink)
+    assert (second.reused_blocks, second.cached_tokens) == (4, 16)
+    assert first.cached_tokens == 0
+    stored = [event for event in events if isinstance(event, Stored)]
+    # The first request's full blocks: its 18 prompt tokens and 2 of its 3 generated (fed).
+    assert stored[0].token_ids == shared + [30, 31, *first.generated[:2]]
+    plain = make_scheduler()
+    again, again_sink = make_request(shared + [40, 41, 42, 43], 3)
+    plain.submit(again)
+    wait_all(again_sink)
+    assert again.generated == second.generated
