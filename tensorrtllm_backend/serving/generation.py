@@ -209,11 +209,7 @@ class Generator:
             )
         prompt_ids = encode_prompt(self.tokenizer, prompt, add_special_tokens, limits.max_input_len)
         if isinstance(prompt_ids, int):
-            raise RequestError(
-                f"prompt is {prompt_ids} tokens but this engine accepts at most "
-                f"{limits.max_input_len} (max_input_len): shorten the prompt",
-                param="prompt",
-            )
+            raise self._too_long(prompt_ids)
         if not prompt_ids:
             raise RequestError("prompt encodes to no tokens: send some text", param="prompt")
         return self._one_bos(prompt, prompt_ids) if add_special_tokens else prompt_ids
@@ -235,11 +231,7 @@ class Generator:
                 "prompt holds no token ids: send at least one", param="prompt", code="invalid_value"
             )
         if len(token_ids) > self.limits.max_input_len:
-            raise RequestError(
-                f"prompt is {len(token_ids)} tokens but this engine accepts at most "
-                f"{self.limits.max_input_len} (max_input_len): shorten the prompt",
-                param="prompt",
-            )
+            raise self._too_long(len(token_ids))
         size = len(self.tokenizer)
         outside = next((token for token in token_ids if not 0 <= token < size), None)
         if outside is not None:
@@ -249,6 +241,13 @@ class Generator:
                 code="invalid_value",
             )
         return list(token_ids)
+
+    def _too_long(self, tokens: int) -> RequestError:
+        return RequestError(
+            f"prompt is {tokens} tokens but this engine accepts at most "
+            f"{self.limits.max_input_len} (max_input_len): shorten the prompt",
+            param="prompt",
+        )
 
     def _check_top_log_probs(self) -> None:
         """Alternatives to the chosen tokens come only from an engine and route that return

@@ -168,7 +168,11 @@ def response_top_log_probs(result: EngineResult, count: int, k: int) -> list[Top
         raise EngineModelError(
             f"the engine returned no {k} alternatives for each of its {count} new tokens"
         )
-    start = len(ids) - count * k
+    return _top_rows(ids, values, k, len(ids) - count * k)
+
+
+def _top_rows(ids: list[int], values: list[float], k: int, start: int = 0) -> list[TopLogProbs]:
+    """Flat alternatives from `start` on, as k ids and floored log probs per token."""
     return [
         (ids[row : row + k], _floored(values[row : row + k])) for row in range(start, len(ids), k)
     ]
@@ -206,5 +210,4 @@ def response_prompt_log_probs(
     ids, values = result.values(names[1]) or [], result.values(names[2]) or []
     if len(ids) != len(log_probs) * k or len(values) != len(ids):
         raise EngineModelError(f"the engine returned no {k} alternatives per prompt token")
-    top = [(ids[row : row + k], _floored(values[row : row + k])) for row in range(0, len(ids), k)]
-    return PromptLogProbs(_floored(log_probs), top, ranks)
+    return PromptLogProbs(_floored(log_probs), _top_rows(ids, values, k), ranks)

@@ -58,6 +58,12 @@ class Job:
     score: int | None = None
     scores: PromptLogProbs | None = None
 
+    @property
+    def score_entries(self) -> int:
+        """The prompt's scores in entries (tokens x (alternatives + 1)): what their rendering
+        costs."""
+        return len(self.prepared.prompt_ids) * ((self.score or 0) + 1)
+
 
 @dataclass(slots=True)
 class _Plan:
@@ -143,7 +149,7 @@ class CompletionServing:
                     ) from None  # fmt: skip
                 raise
             plan.jobs.append(Job(prepared, generate, score))
-        entries = sum(len(job.prepared.prompt_ids) for job in plan.jobs) * ((score or 0) + 1)
+        entries = sum(job.score_entries for job in plan.jobs)
         if score is not None and entries > MAX_PROMPT_LOG_PROB_ENTRIES:
             raise RequestError(
                 f"the prompt log probs asked for are {entries} entries (prompt tokens x "
@@ -160,7 +166,7 @@ class CompletionServing:
         cumulative log probability (usage counts every one generated)."""
         answers = await _all([self._whole(job) for job in plan.jobs])
         size = sum(answer.render_size for answer in answers)
-        size += sum(len(job.prepared.prompt_ids) * ((job.score or 0) + 1) for job in plan.jobs)
+        size += sum(job.score_entries for job in plan.jobs)
         return await self.generator.offloader.run(size, self._body, plan, answers, request.n)
 
     def _body(self, plan: _Plan, answers: list[WholeAnswer], n: int) -> bytes:
@@ -267,8 +273,9 @@ class CompletionServing:
         if job.score is not None:
             job.scores = await self.generator.score(job.prepared, job.score)
         if plan.echo:
-            size = len(job.prepared.prompt_ids) * ((job.score or 0) + 1)
-            yield await self.generator.offloader.run(size, _PromptPart, self, plan, job)
+            yield await self.generator.offloader.run(
+                job.score_entries, _PromptPart, self, plan, job
+            )
         if not job.generate:
             for sequence in range(job.prepared.params.num_return_sequences):
                 yield AnswerStep(sequence, finish_reason=FinishReason.LENGTH)
@@ -388,8 +395,9 @@ class _PromptPart:
         prompt = self.legacy
         if prompt is None:
             return generated
-        joined = {key: prompt[key] + generated[key] for key in ("text_offset", "tokens")}
-        joined["token_logprobs"] = prompt["token_logprobs"] + generated["token_logprobs"]
+        joined = {
+            key: prompt[key] + generated[key] for key in ("text_offset", "tokens", "token_logprobs")
+        }
         joined["top_logprobs"] = prompt["top_logprobs"] + (
             generated["top_logprobs"] or [None] * len(generated["tokens"])
         )

@@ -25,11 +25,6 @@ class _End:
 async def merged(iterators: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """Every item of `iterators` as it arrives, with its iterator's position in the list. An
     iterator's error is raised here; leaving early (or an error) closes every iterator."""
-    if len(iterators) == 1:
-        async with aclosing(iterators[0]) as only:  # type: ignore[type-var]
-            async for item in only:
-                yield 0, item
-        return
     queue: asyncio.Queue[tuple[int, T | _End]] = asyncio.Queue(READ_AHEAD * len(iterators))
 
     async def pump(position: int, iterator: AsyncIterator[T]) -> None:
