@@ -8,7 +8,7 @@ are stored. The cache holds at most `max_blocks`; when full, the least recently 
 no other held block extends is evicted first (a leaf: evicting a middle block would strand the
 blocks after it).
 
-Each change is reported as a KV-cache event (:class:`Stored`, :class:`Removed`, :class:`Cleared`)
+Each change is reported as vLLM's KV-cache event (BlockStored, BlockRemoved, AllBlocksCleared)
 to `on_events`, in order, so that a router can mirror what the engine holds. The tensors live
 with the backend (hf.py); this module only knows block ids 0..max_blocks-1.
 """
@@ -20,6 +20,8 @@ import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from ..kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 ROOT_HASH = 0  # the parent of a prompt's first block
 
@@ -39,31 +41,6 @@ def chain_hashes(tokens: Sequence[int], block_size: int, extra: bytes = b"") -> 
     return hashes
 
 
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """Blocks now held, in chain order (vLLM's BlockStored)."""
-
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class Removed:
-    """Blocks no longer held (vLLM's BlockRemoved)."""
-
-    block_hashes: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class Cleared:
-    """Nothing is held (vLLM's AllBlocksCleared): at start, so subscribers drop an old state."""
-
-
-Event = Stored | Removed | Cleared
-
-
 @dataclass(slots=True)
 class _Block:
     block_id: int
@@ -78,7 +55,7 @@ class BlockTable:
         self,
         block_size: int,
         max_blocks: int,
-        on_events: Callable[[list[Event]], None] | None = None,
+        on_events: Callable[[list[KvEvent]], object] | None = None,
     ) -> None:
         if block_size < 1 or max_blocks < 1:
             raise ValueError("block_size and max_blocks must be at least 1")
@@ -87,7 +64,7 @@ class BlockTable:
         self._blocks: OrderedDict[int, _Block] = OrderedDict()  # hash -> block, LRU first
         self._free = list(range(max_blocks - 1, -1, -1))
         self._on_events = on_events
-        self._emit([Cleared()])
+        self._emit([AllBlocksCleared()])
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -147,7 +124,7 @@ class BlockTable:
     def clear(self) -> None:
         self._blocks.clear()
         self._free = list(range(self.max_blocks - 1, -1, -1))
-        self._emit([Cleared()])
+        self._emit([AllBlocksCleared()])
 
     # -- internals ----------------------------------------------------------------------------
     def _allocate(self, removed: list[int], protect: set[int]) -> int | None:
@@ -165,13 +142,13 @@ class BlockTable:
     def _emit_stored(
         self, hashes: list[int], parent: int | None, tokens: list[int], removed: list[int]
     ) -> None:
-        events: list[Event] = []
+        events: list[KvEvent] = []
         if removed:
-            events.append(Removed(list(removed)))
+            events.append(BlockRemoved(list(removed)))
         if hashes:
-            events.append(Stored(list(hashes), parent, list(tokens), self.block_size))
+            events.append(BlockStored(list(hashes), parent, list(tokens), self.block_size))
         self._emit(events)
 
-    def _emit(self, events: list[Event]) -> None:
+    def _emit(self, events: list[KvEvent]) -> None:
         if events and self._on_events is not None:
             self._on_events(events)

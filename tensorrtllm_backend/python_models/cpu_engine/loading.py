@@ -4,21 +4,13 @@ compiler that enforces guided decoding (as TensorRT-LLM's `guided_decoding_backe
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from ...common.cpu_engine_config import EngineConfig
 from ...common.guides import Guide, GuideCompiler, GuideError
-from ..kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvEvent,
-    KvEventPublisher,
-    publisher_from_settings,
-)
-from .block_cache import BlockTable, Event, Removed, Stored
+from ..kv_events import KvEventPublisher, publisher_from_settings
+from .block_cache import BlockTable
 from .scheduler import Backend
 
 # Tokens the prefix cache holds when no budget is set (max_tokens_in_paged_kv_cache unset).
@@ -43,26 +35,8 @@ def prefix_cache(block_size: int, max_tokens: int | None = None, rank: int = 0) 
     The first event is AllBlocksCleared: a subscriber drops what an earlier engine held."""
     publisher = publisher_from_settings(rank)
     budget = max_tokens or DEFAULT_CACHED_TOKENS
-    on_events = _publish_to(publisher) if publisher is not None else None
+    on_events = publisher.publish if publisher is not None else None
     return PrefixCache(BlockTable(block_size, max(1, budget // block_size), on_events), publisher)
-
-
-def _publish_to(publisher: KvEventPublisher) -> Callable[[list[Event]], None]:
-    def publish(events: list[Event]) -> None:
-        publisher.publish([_wire(event) for event in events])
-
-    return publish
-
-
-def _wire(event: Event) -> KvEvent:
-    """A block table's event as vLLM's."""
-    if isinstance(event, Stored):
-        return BlockStored(
-            event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
-        )
-    if isinstance(event, Removed):
-        return BlockRemoved(event.block_hashes)
-    return AllBlocksCleared()
 
 
 def make_backend(config: EngineConfig, reuse: BlockTable | None = None) -> Backend:

@@ -3,12 +3,11 @@ evicted first, and every change reported as a KV-cache event in order."""
 
 from __future__ import annotations
 
-from tensorrtllm_backend.python_models.cpu_engine.block_cache import (
-    BlockTable,
-    Cleared,
-    Removed,
-    Stored,
-    chain_hashes,
+from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable, chain_hashes
+from tensorrtllm_backend.python_models.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
 )
 
 
@@ -26,17 +25,17 @@ def test_the_longest_held_run_is_reused() -> None:
     table = BlockTable(4, 8, events.extend)
     tokens = list(range(12))
     hashes = chain_hashes(tokens, 4)
-    assert events == [Cleared()]
+    assert events == [AllBlocksCleared()]
     new = table.store(hashes[:2], tokens)
     assert [position for position, _ in new] == [0, 1]
-    assert events[1] == Stored(hashes[:2], None, tokens[:8], 4)
+    assert events[1] == BlockStored(hashes[:2], None, tokens[:8], 4)
     assert table.match(hashes) == [block_id for _, block_id in new]
     # A chain that shares the first block stores only what it adds, after its parent.
     other = [*tokens[:4], 50, 51, 52, 53]
     other_hashes = chain_hashes(other, 4)
     assert other_hashes[0] == hashes[0]
     assert [position for position, _ in table.store(other_hashes, other)] == [1]
-    assert events[2] == Stored([other_hashes[1]], hashes[0], [50, 51, 52, 53], 4)
+    assert events[2] == BlockStored([other_hashes[1]], hashes[0], [50, 51, 52, 53], 4)
 
 
 def test_least_recently_used_leaves_go_first_and_are_reported() -> None:
@@ -51,8 +50,8 @@ def test_least_recently_used_leaves_go_first_and_are_reported() -> None:
     third = [7, 7]
     table.store(chain_hashes(third, 2), third)
     # The full table had to evict: the least recently used leaf, never a parent of a held block.
-    assert events[-1] == Stored(chain_hashes(third, 2), None, third, 2)
-    assert events[-2] == Removed([first_hashes[1]])
+    assert events[-1] == BlockStored(chain_hashes(third, 2), None, third, 2)
+    assert events[-2] == BlockRemoved([first_hashes[1]])
     assert table.held() == {first_hashes[0], second_hashes[0], chain_hashes(third, 2)[0]}
     assert table.match(first_hashes) == table.match(first_hashes[:1])
 
@@ -76,7 +75,6 @@ def test_a_subscriber_rebuilds_what_the_cache_holds_from_its_events(monkeypatch)
     import zmq
 
     from tensorrtllm_backend.python_models.cpu_engine.loading import prefix_cache
-    from tensorrtllm_backend.python_models.kv_events import AllBlocksCleared
     from tests.waiting import wait_for
 
     with socket.socket() as probe:

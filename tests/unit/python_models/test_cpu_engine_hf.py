@@ -326,5 +326,5 @@ def test_a_shared_prefix_is_reused_and_changes_no_token(demo_checkpoint, demo_to
     assert req.cached_tokens == reused and req.reused_blocks == reused // 8
     assert fed[0] == len(second) - reused  # the prefill fed only the tokens past the prefix
     assert generated == reference_greedy(backend.model, second, 6)
-    stored = [event for event in events if type(event).__name__ == "Stored"]
+    stored = [event for event in events if type(event).__name__ == "BlockStored"]
     assert stored and stored[0].block_size == 8

@@ -312,7 +312,8 @@ def test_synthetic_context_logits_follow_the_documented_formula():
 def test_the_synthetic_engine_models_a_prefix_cache(make_scheduler):
     """Bookkeeping only: a request that shares an earlier one's full blocks reports them as
     reused (the last prompt token always computed), and the tokens do not change."""
-    from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable, Stored
+    from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable
+    from tensorrtllm_backend.python_models.kv_events import BlockStored
 
     events: list = []
     sched = make_scheduler(reuse=BlockTable(4, 64, events.extend))
@@ -325,7 +326,7 @@ def test_the_synthetic_engine_models_a_prefix_cache(make_scheduler):
     wait_all(second_sink)
     assert (second.reused_blocks, second.cached_tokens) == (4, 16)
     assert first.cached_tokens == 0
-    stored = [event for event in events if isinstance(event, Stored)]
+    stored = [event for event in events if isinstance(event, BlockStored)]
     # The first request's full blocks: its 18 prompt tokens and 2 of its 3 generated (fed).
     assert stored[0].token_ids == shared + [30, 31, *first.generated[:2]]
     plain = make_scheduler()
