@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .block_cache import BlockTable, chain_hashes
+from .block_cache import BlockTable
 from .request import GenRequest
 from .sampling import select_token
 from .scheduler import StepResult
@@ -157,13 +157,10 @@ class _BlockStore:
         self.table = table
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def hashes(self, tokens: list[int]) -> list[int]:
-        return chain_hashes(tokens, self.table.block_size)
-
     def store(self, cache: _SlotCache, slot: int, tokens: list[int]) -> None:
         """Keep the full blocks of `tokens`, whose keys and values are in `slot`'s row."""
         size = self.table.block_size
-        new = self.table.store(self.hashes(tokens), tokens)
+        new = self.table.keep(tokens)
         if not new:
             return
         ids = torch.tensor([block_id for _, block_id in new], dtype=torch.long)
@@ -509,7 +506,7 @@ class HFBackend:
         token is computed: its logits give the first token)."""
         assert self._blocks is not None
         state: _SeqState = req.backend_state  # type: ignore[assignment]
-        found = self._blocks.table.match(self._blocks.hashes(req.prompt[:-1]))
+        found = self._blocks.table.reusable(req.prompt)
         if found:
             state.reused = torch.tensor(found, dtype=torch.long, device=self.device)
             state.length = len(found) * self._blocks.table.block_size

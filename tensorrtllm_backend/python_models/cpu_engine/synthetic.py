@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .block_cache import BlockTable, chain_hashes
+from .block_cache import BlockTable
 from .request import GenRequest, TopLogprobs
 from .scheduler import StepResult
 
@@ -109,7 +109,7 @@ class SyntheticBackend:
                 raise ValueError(f"token id {token} outside the vocabulary [0, {self.vocab_size})")
         req.backend_state = prompt_hash(req.prompt) + 7 * (self.seed + req.sampling.seed)
         if self._reuse is not None:  # at least the last prompt token is computed, as in hf
-            found = self._reuse.match(chain_hashes(req.prompt[:-1], self._reuse.block_size))
+            found = self._reuse.reusable(req.prompt)
             req.reused_blocks = len(found)
             req.cached_tokens = len(found) * self._reuse.block_size
 
@@ -147,5 +147,5 @@ class SyntheticBackend:
         if self._reuse is not None and req.generated:
             # What hf would hold: the prompt and every generated token but the last.
             tokens = req.prompt + req.generated[:-1]
-            self._reuse.store(chain_hashes(tokens, self._reuse.block_size), tokens)
+            self._reuse.keep(tokens)
         req.backend_state = None
