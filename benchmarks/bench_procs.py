@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -26,6 +28,17 @@ from tensorrtllm_backend.triton.supervisor import TritonSupervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent
+
+
+def run_record(benchmark: str, args: argparse.Namespace) -> dict[str, object]:
+    """What every result file starts with: the benchmark, when and on what host it ran, and its
+    settings (the parsed command line)."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
 
 
 def write_result(result: dict[str, object], path: Path | None, prefix: str) -> Path:

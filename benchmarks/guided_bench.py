@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -37,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_clients import http_client
-from benchmarks.bench_procs import ROOT, Processes, write_result
+from benchmarks.bench_procs import ROOT, Processes, run_record, write_result
 
 PROMPTS = [
     "Describe today's weather as JSON:",
@@ -241,10 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngoal: guided >= {args.goal:.2f}x unguided, no invalid output: "
           f"{'met' if met else 'NOT met'} ({ratio:.3f}x)")  # fmt: skip
     result = {
-        "benchmark": "guided",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_record("guided", args),
         "schema": SCHEMA,
         "rounds": rounds,
         "summary": summary,

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -33,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_clients import cached_prefix_turn, http_client
-from benchmarks.bench_procs import ROOT, Processes, write_result
+from benchmarks.bench_procs import ROOT, Processes, run_record, write_result
 
 MODES = ("reuse", "no-reuse")
 
@@ -124,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:<10} {row['ttft_p50_ms']:12.1f} {row['ttft_p90_ms']:12.1f} "
               f"{row['cached_fraction']:6.0%}")  # fmt: skip
     result = {
-        "benchmark": "prefix-cache",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_record("prefix-cache", args),
         "rounds": rounds,
         "summary": summary,
     }

@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
-import platform
 import shutil
 import signal
 import statistics
@@ -41,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_clients import cached_prefix_turn, http_client
-from benchmarks.bench_procs import ROOT, Processes, Service, write_result
+from benchmarks.bench_procs import ROOT, Processes, Service, run_record, write_result
 from tensorrtllm_backend.triton.command import find_free_port
 
 ROUTER = ROOT / ".router-venv" / "bin" / "vllm-router"
@@ -190,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['policy']:<12} {row['cached_fraction']:8.1%} {row['ttft_p50_ms']:12.1f} "
               f"{row['ttft_p99_ms']:12.1f}")  # fmt: skip
     result = {
-        "benchmark": "router",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_record("router", args),
         "results": results,
     }
     print(f"\nresult: {write_result(result, args.out, 'router')}")

@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -41,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the proj
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_clients import http_client
-from benchmarks.bench_procs import ROOT, Processes, write_result
+from benchmarks.bench_procs import ROOT, Processes, run_record, write_result
 from tensorrtllm_backend.serving.triton_paths import PROMPT_OUTPUTS, PROMPT_SCORER
 from tensorrtllm_backend.triton.client import TritonLLMClient
 from tensorrtllm_backend.triton.command import find_free_port
@@ -221,10 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_summary(summary))
     result = {
-        "benchmark": "scoring",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_record("scoring", args),
         "rounds": rounds,
         "summary": summary,
     }
