@@ -21,7 +21,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from tensorrtllm_backend.common.engine_config import (
     check_runtime_compatibility,
     runtime_version_for_image,
 )
+from tensorrtllm_backend.common.quantization import Quantization, gpu_refusal
 from tensorrtllm_backend.packing.cpu_engine_pack import CPU_LIMITS, build_cpu_engine
 from tensorrtllm_backend.packing.engine_packing import (
     TOKENIZER_FILES,
@@ -360,6 +360,7 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
             backend=args.backend, llm_args=llm_args, llmapi_model=args.llmapi_model,
             loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()}, **limits,
         )  # fmt: skip
+        _check_gpu(pack.checkpoint.quantization, args)
         return _store_unless_dry_run(pack, describe_llmapi(pack), args)
 
 
@@ -388,23 +389,9 @@ def _inferred_workflow(args: argparse.Namespace) -> str:
     return "llmapi" if args.checkpoint is not None or llmapi_options else "engine"
 
 
-def _check_quantization(args: argparse.Namespace) -> None:
-    """A quantized model whose format the target GPU cannot run is refused before it is stored."""
-    from tensorrtllm_backend.common.quantization import (
-        from_checkpoint,
-        from_engine_config,
-        gpu_refusal,
-    )
-
-    quantization = None
-    try:
-        if args.checkpoint is not None and args.checkpoint.is_dir():
-            quantization = from_checkpoint(args.checkpoint)
-        elif args.engine_dir is not None and (args.engine_dir / "config.json").is_file():
-            data = json.loads((args.engine_dir / "config.json").read_text(encoding="utf-8"))
-            quantization = from_engine_config(data) if isinstance(data, dict) else None
-    except (OSError, ValueError, AttributeError):
-        return  # an unreadable config: the inspection that follows says what is wrong
+def _check_gpu(quantization: Quantization | None, args: argparse.Namespace) -> None:
+    """A quantized model whose format the target GPU cannot run is refused before it is stored
+    (`quantization`: what the plan's inspection found)."""
     if quantization is None:
         return
     refusal = gpu_refusal(quantization, args.gpu_type or load_settings().gpu_type)
@@ -416,7 +403,6 @@ def run(args: argparse.Namespace) -> str | None:
     if args.workflow is None:
         args.workflow = _inferred_workflow(args)
     _check_workflow(args)
-    _check_quantization(args)
     if args.workflow == "llmapi":
         return run_llmapi(args)
     options = _options(args)
@@ -439,6 +425,7 @@ def run(args: argparse.Namespace) -> str | None:
             route=args.route or "direct",
             loras={k: Path(v) for k, v in _parse_pairs(args.lora, "--lora").items()},
         )  # fmt: skip
+        _check_gpu(pack.engine.quantization, args)
         for warning in pack.warnings:
             _warn(warning)
         if not explicit_image:
