@@ -247,15 +247,24 @@ def wait_until_ready(server: BentoServer, timeout: float = 180.0) -> BentoServer
     raise AssertionError(f"bentoml serve not ready after {timeout}s:\n{server.log()[-4000:]}")
 
 
+# What `bentoml serve` logs when its port was taken between our pick and its bind (another
+# xdist worker's server or Triton got it first): the only startup failure worth a retry.
+PORT_RACE = "Could not bind"
+
+
 def start_bento_server(
-    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 180.0
-) -> BentoServer:
-    server = launch_bento_server(model_tag, tmp_path, env)
-    try:
-        return wait_until_ready(server, timeout)
-    except AssertionError:
-        server.stop()
-        raise
+    model_tag: str, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 180.0,
+    host: str = "127.0.0.1",
+) -> BentoServer:  # fmt: skip
+    for attempt in range(3):
+        server = launch_bento_server(model_tag, tmp_path, env, host)
+        try:
+            return wait_until_ready(server, timeout)
+        except AssertionError:
+            server.stop()
+            if attempt == 2 or PORT_RACE not in server.log():
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture
@@ -359,9 +368,12 @@ def _launcher(tmp_path: Path) -> tuple[list[BentoServer], Callable[..., BentoSer
         model_tag: str, env: dict[str, str] | None = None, *, host: str = "127.0.0.1",
         wait: bool = False,
     ) -> BentoServer:  # fmt: skip
-        server = launch_bento_server(model_tag, tmp_path, env, host)
+        if wait:
+            server = start_bento_server(model_tag, tmp_path, env, host=host)
+        else:
+            server = launch_bento_server(model_tag, tmp_path, env, host)
         servers.append(server)
-        return wait_until_ready(server) if wait else server
+        return server
 
     return servers, launcher
 
