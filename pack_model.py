@@ -13,8 +13,10 @@ Examples:
   python pack_model.py --checkpoint ./Meta-Llama-3-8B-Instruct --tp 2    # the llmapi workflow
   python pack_model.py --demo                       # tiny local Llama on the CPU engine
   python pack_model.py --demo --workflow llmapi     # the same checkpoint, llmapi model on CPU
+  python pack_model.py --demo-vlm                   # tiny local LLaVA (images in), CPU engine
+  python pack_model.py --demo-vlm --workflow llmapi # the same VLM, llmapi model on CPU
   python pack_model.py --synthetic --workflow llmapi --itl-ms 5   # llmapi model, synthetic tokens
-  python pack_model.py --hf-model ./my-checkpoint   # any local HF causal LM on the CPU engine
+  python pack_model.py --hf-model ./my-checkpoint   # any local HF causal LM or VLM, CPU engine
   python pack_model.py --synthetic --itl-ms 20      # deterministic tokens, for load tests
 """
 
@@ -34,6 +36,7 @@ from tensorrtllm_backend.common.engine_config import (
     runtime_version_for_image,
 )
 from tensorrtllm_backend.common.quantization import Quantization, gpu_refusal
+from tensorrtllm_backend.packing.checkpoint import describe_vision
 from tensorrtllm_backend.packing.cpu_engine_pack import CPU_LIMITS, build_cpu_engine
 from tensorrtllm_backend.packing.engine_packing import (
     TOKENIZER_FILES,
@@ -47,9 +50,13 @@ from tensorrtllm_backend.packing.engine_packing import (
 from tensorrtllm_backend.settings import load_settings
 
 DEFAULT_NAMES = {
-    "demo": "trtllm-demo", "synthetic": "trtllm-synthetic", "scripted": "trtllm-scripted"
+    "demo": "trtllm-demo", "demo-vlm": "trtllm-demo-vlm", "synthetic": "trtllm-synthetic",
+    "scripted": "trtllm-scripted",
 }  # fmt: skip
-LLMAPI_DEMO_NAMES = {"demo": "trtllm-llmapi-demo", "synthetic": "trtllm-llmapi-synthetic"}
+LLMAPI_DEMO_NAMES = {
+    "demo": "trtllm-llmapi-demo", "demo-vlm": "trtllm-llmapi-demo-vlm",
+    "synthetic": "trtllm-llmapi-synthetic",
+}  # fmt: skip
 
 
 def _parse_pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -90,14 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-dir", type=Path, help="trtllm-build output (config.json, rank*.engine)"
     )
     source.add_argument(
-        "--hf-model", type=Path, help="local Hugging Face checkpoint for the CPU engine"
+        "--hf-model",
+        type=Path,
+        help="local Hugging Face checkpoint for the CPU engine (a causal LM, or an "
+        "image-text-to-text model with its processor)",
     )
     source.add_argument(
         "--checkpoint",
         type=Path,
-        help="llmapi workflow: Hugging Face checkpoint (config.json, *.safetensors, tokenizer)",
+        help="llmapi workflow: Hugging Face checkpoint (config.json, *.safetensors, tokenizer; "
+        "a vision-language model's processor files)",
     )
     source.add_argument("--demo", action="store_true", help="generate and pack the tiny demo model")
+    source.add_argument(
+        "--demo-vlm",
+        action="store_true",
+        help="generate and pack the tiny demo vision-language model (LLaVA: images in)",
+    )
     source.add_argument("--synthetic", action="store_true", help="synthetic CPU engine (no torch)")
     source.add_argument(
         "--scripted",
@@ -147,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     cpu = parser.add_argument_group(
-        "CPU engine (--hf-model, --demo, --synthetic); the limits also for --workflow llmapi"
+        "CPU engine (--hf-model, --demo, --demo-vlm, --synthetic); the limits also for "
+        "--workflow llmapi"
     )
     cpu.add_argument("--ttft-ms", type=float, default=0.0, help="synthetic: first-token delay")
     cpu.add_argument("--itl-ms", type=float, default=0.0, help="synthetic: inter-token latency")
@@ -167,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
-        help="--demo/--hf-model: where the transformers model runs at serve time (auto: CUDA "
-        "when a GPU is present). The stand-in on a GPU, not TensorRT-LLM.",
+        help="--demo/--demo-vlm/--hf-model: where the transformers model runs at serve time "
+        "(auto: CUDA when a GPU is present). The stand-in on a GPU, not TensorRT-LLM.",
     )
     cpu.add_argument(
         "--demo-size",
@@ -268,15 +285,21 @@ def describe(pack: PackPlan) -> str:
     ]
     if engine.quantization is not None:
         lines.insert(2, f"quantization: {engine.quantization.describe()}")
+    lines[2:2] = describe_vision(pack.vision)
     return "\n".join(lines)
 
 
 def _check_workflow(args: argparse.Namespace) -> None:
+    if args.demo_vlm and args.demo_size != "tiny":
+        raise PackError("--demo-size sizes --demo; the demo VLM comes in one size")
     if args.workflow == "llmapi" and args.scripted:
         raise PackError("--scripted is a CPU engine of the engine workflow: leave out --workflow")
     if args.workflow == "llmapi":
-        if args.checkpoint is None and not args.demo and not args.synthetic:
-            raise PackError("--workflow llmapi packs --checkpoint DIR (or --demo, --synthetic)")
+        if args.checkpoint is None and not (args.demo or args.demo_vlm or args.synthetic):
+            raise PackError(
+                "--workflow llmapi packs --checkpoint DIR (or --demo, --synthetic), or the demo "
+                "VLM (--demo-vlm)"
+            )
         if args.route is not None or args.fill:
             raise PackError(
                 "--route and --fill belong to the engine workflow; the llmapi workflow "
@@ -299,7 +322,7 @@ def _check_workflow(args: argparse.Namespace) -> None:
 
 def _check_llmapi_image(args: argparse.Namespace) -> None:
     """The LLM API's PyTorch workflow exists from TensorRT-LLM 1.0 (NGC 25.09 and later)."""
-    if args.demo or args.synthetic:
+    if args.demo or args.demo_vlm or args.synthetic:
         return  # served by the CPU stand-in
     image = args.target_image or _default_image()
     version = runtime_version_for_image(image) if image else None
@@ -343,12 +366,18 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
             from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
             checkpoint, source = build_demo_checkpoint(scratch / "demo-checkpoint"), "demo"
+        elif args.demo_vlm:  # a demo too (the CPU stand-in's); its manifest records images
+            from tensorrtllm_backend.packing.demo import build_demo_vlm_checkpoint
+
+            checkpoint = build_demo_vlm_checkpoint(scratch / "demo-vlm-checkpoint")
+            source = "demo"
         elif args.synthetic:
             checkpoint, source = _synthetic_checkpoint(args, scratch), "synthetic"
             llm_args.setdefault("guided_decoding_backend", None)  # no logits to guide
         else:
             checkpoint, source = args.checkpoint, "checkpoint"
-        name = args.name or LLMAPI_DEMO_NAMES.get(source) or _default_name(checkpoint, args)
+        name = args.name or LLMAPI_DEMO_NAMES.get(_name_key(args, source))
+        name = name or _default_name(checkpoint, args)
         limits = (
             {key: getattr(args, key) or CPU_LIMITS[key] for key in CPU_LIMITS}
             if source == "synthetic"
@@ -418,7 +447,8 @@ def run(args: argparse.Namespace) -> str | None:
             engine_dir, tokenizer_dir, source = args.engine_dir, args.tokenizer_dir, "engine"
         else:
             engine_dir, tokenizer_dir, source = build_cpu_engine(args, scratch)
-        name = args.name or DEFAULT_NAMES.get(source) or _default_name(engine_dir, args)
+        name = args.name or DEFAULT_NAMES.get(_name_key(args, source))
+        name = name or _default_name(engine_dir, args)
         pack = plan(
             name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,
             option_overrides=options, runtime_version=runtime if explicit_image else None,
@@ -434,6 +464,11 @@ def run(args: argparse.Namespace) -> str | None:
             except EngineConfigError as error:
                 _warn(f"{error} (checked against the default image {image})")
         return _store_unless_dry_run(pack, describe(pack), args)
+
+
+def _name_key(args: argparse.Namespace, source: str) -> str:
+    """The default-name key of what is packed: its source, told apart for the demo VLM."""
+    return "demo-vlm" if args.demo_vlm else source
 
 
 def _default_name(engine_dir: Path, args: argparse.Namespace) -> str:

@@ -6,6 +6,9 @@ into a deployment. So everything that can be checked from the files is checked a
 config.json parses, its architecture is one TensorRT-LLM's PyTorch backend implements, the dtype
 is one it runs, weights (safetensors) and a tokenizer are there, and the parallel layout
 (tp x pp) splits the model and fits the GPUs asked for.
+
+Whether a checkpoint takes images (a vision-language model) is decided here too, by
+:func:`vision_info`, for every workflow that packs a Hugging Face checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pydantic import Field
 
 from ..common.engine_config import PackedSummary, read_config_json
 from ..common.quantization import Quantization, from_checkpoint
-from ..common.tokenization import load_checked_tokenizer
+from ..common.tokenization import load_checked_tokenizer, load_tokenizer
 
 # Model classes of TensorRT-LLM's PyTorch backend (tensorrt_llm/_torch/models, 1.0 / 1.1 support
 # matrix), by the `architectures` name Hugging Face writes into config.json. Data, not logic:
@@ -61,6 +64,10 @@ DTYPES: frozenset[str] = frozenset({"float16", "bfloat16", "float32"})
 
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+# A vision-language model's processor settings, stored beside its tokenizer (AutoProcessor reads
+# both from one directory): the image processor's (transformers 4 reads preprocessor_config.json;
+# 5 nests them in processor_config.json, with the processor's own: placeholder, patch size).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 class CheckpointError(ValueError):
@@ -93,20 +100,30 @@ def _quantization(checkpoint: Path) -> Quantization | None:
         raise CheckpointError(str(error)) from None
 
 
-def _architecture(data: dict[str, Any], config_path: Path) -> str:
+def _architecture(data: dict[str, Any], config_path: Path, stand_in: bool = False) -> str:
+    """config.json's architectures[0]: one TensorRT-LLM's PyTorch backend implements, unless the
+    CPU stand-in (transformers) serves the checkpoint (`stand_in`)."""
     architectures = data.get("architectures")
     if not isinstance(architectures, list) or not architectures:
         raise CheckpointError(
             f"{config_path} names no `architectures`: TensorRT-LLM picks the model class by it"
         )
     name = architectures[0]
-    if name not in PYTORCH_ARCHITECTURES:
+    if not stand_in and name not in PYTORCH_ARCHITECTURES:
         known = ", ".join(sorted(PYTORCH_ARCHITECTURES))
         raise CheckpointError(
             f"architecture {name!r} is not one TensorRT-LLM's PyTorch backend implements; "
             f"known: {known}"
         )
     return str(name)
+
+
+def language_config(data: dict[str, Any]) -> dict[str, Any]:
+    """The language model's settings of a config.json: a vision-language model nests them in
+    `text_config` (vocab_size, max_position_embeddings, heads, layers), which win over top-level
+    ones; a text-only model's config.json is the language model's."""
+    text = data.get("text_config")
+    return {**data, **text} if isinstance(text, dict) else data
 
 
 def _dtype(data: dict[str, Any], config_path: Path) -> str:
@@ -196,8 +213,10 @@ def inspect_checkpoint(
     pp_size: int = 1,
     gpus: int | None = None,
     tokenizer_dir: Path | None = None,
+    stand_in: bool = False,
 ) -> CheckpointInfo:
-    """Read and check a checkpoint; raise CheckpointError naming what is wrong."""
+    """Read and check a checkpoint; raise CheckpointError naming what is wrong. `stand_in`: the
+    CPU stand-in serves it with transformers, so any architecture goes."""
     checkpoint = Path(checkpoint)
     data = read_config_json(
         checkpoint,
@@ -207,22 +226,16 @@ def inspect_checkpoint(
         CheckpointError,
     )
     config_path = checkpoint / "config.json"
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    language = language_config(data)
     info = CheckpointInfo(
         path=checkpoint,
-        architecture=_architecture(data, config_path),
+        architecture=_architecture(data, config_path, stand_in),
         model_type=data.get("model_type"),
         dtype=_dtype(data, config_path),
-        vocab_size=_int_or_none(data.get("vocab_size"), text.get("vocab_size")),
-        max_position_embeddings=_int_or_none(
-            data.get("max_position_embeddings"), text.get("max_position_embeddings")
-        ),
-        num_attention_heads=_int_or_none(
-            data.get("num_attention_heads"), text.get("num_attention_heads")
-        ),
-        num_hidden_layers=_int_or_none(
-            data.get("num_hidden_layers"), text.get("num_hidden_layers")
-        ),
+        vocab_size=_int_or_none(language.get("vocab_size")),
+        max_position_embeddings=_int_or_none(language.get("max_position_embeddings")),
+        num_attention_heads=_int_or_none(language.get("num_attention_heads")),
+        num_hidden_layers=_int_or_none(language.get("num_hidden_layers")),
         weight_files=_weight_files(checkpoint),
         tp_size=_positive(tp_size, "--tp"),
         pp_size=_positive(pp_size, "--pp"),
@@ -233,3 +246,78 @@ def inspect_checkpoint(
     _check_parallel(info, gpus)
     check_tokenizer(tokenizer_dir or checkpoint)
     return info
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The object in a JSON file; {} when it is missing or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _has_image_processor(checkpoint: Path) -> bool:
+    preprocessor = _json_object(checkpoint / "preprocessor_config.json")
+    processor = _json_object(checkpoint / "processor_config.json")
+    return "image_processor_type" in preprocessor or isinstance(
+        processor.get("image_processor"), dict
+    )
+
+
+def vision_info(checkpoint: Path, tokenizer_dir: Path | None = None) -> dict[str, Any] | None:
+    """The vision record of an image-text-to-text checkpoint (a vision-language model); None for
+    a text-only one. Raises CheckpointError when a VLM cannot be served with images.
+
+    The rule: a checkpoint takes images when its config.json has a `vision_config` object (LLaVA,
+    LLaVA-NeXT, Qwen2-VL, Gemma 3, Mllama, Llama 4 and Mistral 3 nest their vision tower's
+    settings there), or when it ships an image processor (preprocessor_config.json naming an
+    `image_processor_type`, or transformers 5's processor_config.json with an `image_processor`
+    section). An architecture name is no sign: T5's and Whisper's end in ForConditionalGeneration
+    too, and Whisper ships a (sound) feature extractor.
+
+    The record: config.json's architectures[0] and model_type, and the token whose positions the
+    processor expands for each image and the image features fill (config.json's image_token_id,
+    image_token_index before transformers 5, else the tokenizer's or processor's image_token),
+    as string and id of the tokenizer in `tokenizer_dir` (default: the checkpoint's).
+    """
+    checkpoint = Path(checkpoint)
+    config = _json_object(checkpoint / "config.json")
+    if not isinstance(config.get("vision_config"), dict) and not _has_image_processor(checkpoint):
+        return None
+    if not any((checkpoint / name).is_file() for name in PROCESSOR_FILES):
+        raise CheckpointError(
+            f"{checkpoint} is a vision-language model (config.json has a vision_config) without "
+            f"its processor ({' or '.join(PROCESSOR_FILES)}): copy the processor files of the "
+            "model's download next to config.json"
+        )
+    tokenizer = load_tokenizer(tokenizer_dir or checkpoint)
+    token_id = _int_or_none(config.get("image_token_id"), config.get("image_token_index"))
+    if token_id is not None and 0 <= token_id < len(tokenizer):
+        token = tokenizer.convert_ids_to_tokens(token_id)
+    else:  # none, or a marker outside the vocabulary (Phi-3-vision's negative ids)
+        token = getattr(tokenizer, "image_token", None) or _json_object(
+            checkpoint / "processor_config.json"
+        ).get("image_token")
+        token_id = tokenizer.get_vocab().get(token) if isinstance(token, str) else None
+    if not isinstance(token, str) or token_id is None:
+        raise CheckpointError(
+            f"{checkpoint}: no image token the tokenizer knows (config.json's image_token_id or "
+            "image_token_index, or the processor's image_token): the prompt cannot hold images"
+        )
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        raise CheckpointError(f"{checkpoint / 'config.json'} names no `architectures`")
+    return {
+        "architecture": str(architectures[0]),
+        "model_type": config.get("model_type"),
+        "image_token": token,
+        "image_token_id": token_id,
+    }
+
+
+def describe_vision(vision: dict[str, Any] | None) -> list[str]:
+    """The pack summary's line about images: none for a text-only model."""
+    if vision is None:
+        return []
+    return [f"images:       yes ({vision['architecture']}, {vision['image_token']})"]

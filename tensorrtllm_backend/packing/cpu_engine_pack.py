@@ -1,5 +1,5 @@
-"""The CPU stand-in engine pack_model.py packs (--demo, --hf-model, --synthetic, --scripted): its
-engine directory, built at pack time, and the tokenizer that goes with it."""
+"""The CPU stand-in engine pack_model.py packs (--demo, --demo-vlm, --hf-model, --synthetic,
+--scripted): its engine directory, built at pack time, and the tokenizer that goes with it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from ..common.cpu_engine_config import write_engine_dir
 from ..common.quantization import from_checkpoint
 from ..common.tokenization import load_tokenizer
+from .checkpoint import language_config
 from .engine_packing import TOKENIZER_FILES, PackError
 
 # The CPU engine's limits unless pack_model.py is given others.
@@ -18,8 +19,9 @@ CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
 
 
 def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, str]:
-    """Build the CPU engine dir in `scratch` for pack_model.py's --demo, --hf-model,
-    --synthetic or --scripted (its parsed `args`): (engine dir, tokenizer dir, source)."""
+    """Build the CPU engine dir in `scratch` for pack_model.py's --demo, --demo-vlm, --hf-model,
+    --synthetic or --scripted (its parsed `args`): (engine dir, tokenizer dir, source). The demo
+    VLM's source is "demo" too: a demo model, whose manifest records that it takes images."""
 
     limits = {
         key: getattr(args, key) if getattr(args, key) is not None else default
@@ -31,6 +33,11 @@ def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pat
         from .demo import build_demo_checkpoint
 
         checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
+        source = "demo"
+    elif args.demo_vlm:
+        from .demo import build_demo_vlm_checkpoint
+
+        checkpoint = build_demo_vlm_checkpoint(scratch / "demo-vlm-checkpoint")
         source = "demo"
     elif args.hf_model is not None:
         checkpoint = args.hf_model
@@ -71,7 +78,7 @@ def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pat
         config = json.loads((checkpoint / "config.json").read_text())
         write_engine_dir(
             engine_dir, mode="hf", checkpoint_dir=checkpoint,
-            vocab_size=int(config.get("vocab_size") or len(tokenizer)),
+            vocab_size=int(language_config(config).get("vocab_size") or len(tokenizer)),
             eos_token_id=int(tokenizer.eos_token_id),
             architecture=(config.get("architectures") or ["CausalLM"])[0],
             device=args.device, tokens_per_block=args.tokens_per_block, **limits,

@@ -1,14 +1,17 @@
-"""Build the demo checkpoint offline: a byte-level BPE tokenizer trained on the shipped corpus and a
-tiny random-weight Llama, both loadable with AutoTokenizer / AutoModelForCausalLM.
+"""Build the demo checkpoints offline: a byte-level BPE tokenizer trained on the shipped corpus
+and a tiny random-weight Llama, both loadable with AutoTokenizer / AutoModelForCausalLM; and, with
+the same tokenizer plus an <image> token, a tiny random-weight LLaVA (a CLIP vision tower before
+that Llama), loadable with AutoProcessor / AutoModelForImageTextToText.
 
 Nothing is downloaded, so tests and CI get a real transformers model in a few seconds.
-Usage: python -m tensorrtllm_backend.packing.demo OUT_DIR [--engine-dir ENGINE_DIR]
+Usage: python -m tensorrtllm_backend.packing.demo OUT_DIR [--vlm] [--engine-dir ENGINE_DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 CORPUS = Path(__file__).with_name("corpus.txt")
@@ -41,6 +44,44 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+
+
+# The demo VLM's placeholder: the chat template writes one per image, the processor expands it
+# into one per image feature: CLIP on 56 x 56 images in 14 x 14 patches gives 4 x 4 = 16 (its
+# CLS feature dropped, vision_feature_select_strategy "default").
+IMAGE_TOKEN = "<image>"
+VLM_IMAGE_SIZE, VLM_PATCH_SIZE = 56, 14
+VLM_IMAGE_TOKENS = (VLM_IMAGE_SIZE // VLM_PATCH_SIZE) ** 2
+_VISION_TOWER = re.compile(r"(^|\.)vision_tower\.(?!vision_model\.)")
+
+# CHAT_TEMPLATE, with a message's content either a string or a list of OpenAI-style parts: text
+# parts render their text, image parts (chat's image / image_url, the Responses API's
+# input_image) the placeholder.
+_CONTENT_MACRO = (
+    "{%- macro render_content(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- elif content is iterable -%}{%- for part in content -%}"
+    "{%- if part['type'] in ('text', 'input_text', 'output_text') -%}{{ part['text'] }}"
+    "{%- elif part['type'] in ('image', 'image_url', 'input_image') -%}"
+    + IMAGE_TOKEN
+    + "{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+)
+VLM_CHAT_TEMPLATE = _CONTENT_MACRO + CHAT_TEMPLATE.replace(
+    "{{ message['content'] }}", "{{ render_content(message['content']) }}"
+)
+
+
+def _readable_by_transformers_4(out: Path, chat_template: str, **settings: object) -> None:
+    """transformers 5 writes chat_template.jinja and names its own tokenizer class; older readers
+    look for the template in tokenizer_config.json and know PreTrainedTokenizerFast."""
+    config_file = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer_config["chat_template"] = chat_template
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tokenizer_config.update(settings)
+    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
 
 
 def train_tokenizer(corpus: Path = CORPUS, vocab_size: int = VOCAB_SIZE):
@@ -106,12 +147,7 @@ def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
     )
     hf_tokenizer.chat_template = CHAT_TEMPLATE
     hf_tokenizer.save_pretrained(str(out))
-    # transformers 5 writes chat_template.jinja; older readers look in tokenizer_config.json.
-    config_file = out / "tokenizer_config.json"
-    tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
-    tokenizer_config["chat_template"] = CHAT_TEMPLATE
-    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # known to transformers 4.x too
-    config_file.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+    _readable_by_transformers_4(out, CHAT_TEMPLATE)
 
     tiny = size == "tiny"
     config = LlamaConfig(
@@ -137,25 +173,128 @@ def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
     return out
 
 
+def _vision_tower_as_transformers_4_names_it(weights: Path) -> None:
+    """transformers 5 saves LLaVA's CLIP tower as `vision_tower.<layer>`; transformers 4 loads it
+    from `vision_tower.vision_model.<layer>` and would initialise it at random instead (the
+    images' features then differ at every load). 5 loads either name: write 4's."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(weights), "pt") as reader:
+        metadata = reader.metadata()
+        tensors = {
+            _VISION_TOWER.sub(r"\1vision_tower.vision_model.", key): reader.get_tensor(key)
+            for key in reader.keys()
+        }
+    save_file(tensors, str(weights), metadata=metadata)
+
+
+def build_demo_vlm_checkpoint(out_dir: Path) -> Path:
+    """Write tokenizer (the demo's, plus IMAGE_TOKEN), processor and a random-weight LLaVA (a
+    2-layer CLIP vision tower before the tiny demo Llama) into out_dir, deterministically, as
+    transformers 5 writes them, readable by transformers 4.5x too (its image processor in
+    preprocessor_config.json, its vision tower's weight names). Returns out_dir."""
+    import torch
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    tokenizer.add_special_tokens([IMAGE_TOKEN])
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=None,
+        padding_side="left",
+        model_max_length=2048,
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+    hf_tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    image_token_id = hf_tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=VLM_IMAGE_SIZE,
+            patch_size=VLM_PATCH_SIZE,
+            projection_dim=32,
+        ),
+        text_config=LlamaConfig(
+            vocab_size=len(hf_tokenizer),
+            **DEMO_SIZES["tiny"],
+            max_position_embeddings=2048,
+            initializer_range=0.2,  # as the tiny demo: peaked logits, outputs vary by prompt
+            bos_token_id=hf_tokenizer.bos_token_id,
+            eos_token_id=hf_tokenizer.eos_token_id,
+            pad_token_id=hf_tokenizer.pad_token_id,
+            tie_word_embeddings=False,
+        ),
+        image_token_id=image_token_id,
+        image_seq_length=VLM_IMAGE_TOKENS,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    torch.manual_seed(SEED)
+    model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
+    model.save_pretrained(str(out))
+    _vision_tower_as_transformers_4_names_it(out / "model.safetensors")
+    # CLIPImageProcessor runs on PIL where torchvision is missing (transformers says so once).
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": VLM_IMAGE_SIZE},
+        crop_size={"height": VLM_IMAGE_SIZE, "width": VLM_IMAGE_SIZE},
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=hf_tokenizer,
+        patch_size=VLM_PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(str(out))  # tokenizer, processor_config.json, chat_template.jinja
+    image_processor.to_json_file(str(out / "preprocessor_config.json"))
+    _readable_by_transformers_4(
+        out, VLM_CHAT_TEMPLATE, extra_special_tokens={"image_token": IMAGE_TOKEN}
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir", type=Path, help="where to write the checkpoint")
+    parser.add_argument("--vlm", action="store_true", help="the demo VLM (LLaVA) instead")
     parser.add_argument(
         "--engine-dir", type=Path, help="also write an hf-mode CPU engine dir packing it"
     )
     args = parser.parse_args(argv)
-    ckpt = build_demo_checkpoint(args.out_dir)
+    ckpt = (
+        build_demo_vlm_checkpoint(args.out_dir) if args.vlm else build_demo_checkpoint(args.out_dir)
+    )
     print(f"demo checkpoint: {ckpt}")
     if args.engine_dir is not None:
         from ..common.cpu_engine_config import write_engine_dir
 
         model_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+        language = model_config.get("text_config") or model_config  # a VLM nests its LM's
         write_engine_dir(
             args.engine_dir,
             mode="hf",
             checkpoint_dir=ckpt,
-            vocab_size=model_config["vocab_size"],
-            eos_token_id=model_config["eos_token_id"],
+            vocab_size=language["vocab_size"],
+            eos_token_id=language["eos_token_id"],
+            architecture=model_config["architectures"][0],
         )
         print(f"CPU engine dir: {args.engine_dir}")
 

@@ -4,9 +4,12 @@ Layout of a stored model (paths inside the repository are relative to the model'
 resolved when the service starts, so a Bento built on one machine runs on another)::
 
     engines/            TensorRT-LLM engine dir (config.json, rank*.engine) or a CPU engine dir
-    tokenizer/          tokenizer files (AutoTokenizer)
+                        (an hf-mode one holds the Hugging Face checkpoint in engines/checkpoint/)
+    tokenizer/          tokenizer files (AutoTokenizer); a vision-language model's processor files
+                        too (AutoProcessor)
     model_repository/   filled Triton repository: ensemble, preprocessing, tensorrt_llm, ...
-    trtllm_model.json   manifest: engine summary, fill options, default route
+    trtllm_model.json   manifest: engine summary, fill options, default route; `vision` for a
+                        vision-language model (the CPU engine's checkpoints only)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
+from ..common.cpu_engine_config import load_engine_config
 from ..common.engine_config import EngineInfo, check_runtime_compatibility, inspect_engine
 from ..common.lora import (
     CONFIG_FILE,
@@ -34,8 +38,9 @@ from ..common.lora import (
     check_name,
 )
 from ..common.model_repository import TemplateError
-from ..common.model_store import ENGINES, FORMAT, MANIFEST, REPOSITORY, TOKENIZER
+from ..common.model_store import ENGINES, FORMAT, MANIFEST, REPOSITORY, TOKENIZER, VISION
 from ..common.tokenization import load_checked_tokenizer, record_tokenizer_class
+from .checkpoint import PROCESSOR_FILES, CheckpointError, vision_info
 from .repository import fill_repository
 from .xgrammar_info import FILE_NAME as XGRAMMAR_INFO_FILE
 from .xgrammar_info import TokenizerInfoError, tokenizer_info, write_tokenizer_info
@@ -60,10 +65,56 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "config.json",
 )
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 class PackError(ValueError):
     """Packing cannot proceed; the message says what to fix. Nothing was stored."""
+
+
+def processor_files(processor_dir: Path, tokenizer_dir: Path) -> list[tuple[Path, Path]]:
+    """(source file, path inside the model) of a vision-language model's processor, stored in
+    the tokenizer directory (AutoProcessor reads processor and tokenizer from one directory);
+    its chat template only where the tokenizer brings none."""
+    names = [
+        *PROCESSOR_FILES,
+        *(name for name in CHAT_TEMPLATE_FILES if not (tokenizer_dir / name).is_file()),
+    ]
+    return [
+        (processor_dir / name, Path(TOKENIZER) / name)
+        for name in names
+        if (processor_dir / name).is_file()
+    ]
+
+
+def check_vision(
+    checkpoint_dir: Path, tokenizer_dir: Path
+) -> tuple[dict[str, Any] | None, list[tuple[Path, Path]]]:
+    """Pack time, for a Hugging Face checkpoint: its vision record (None: text only) and, for a
+    vision-language model, the processor files to store; AutoProcessor must load from the
+    tokenizer directory as stored, as the service will load it (raises PackError)."""
+    try:
+        vision = vision_info(checkpoint_dir, tokenizer_dir)
+    except CheckpointError as error:
+        raise PackError(str(error)) from error
+    if vision is None:
+        return None, []
+    files = processor_files(checkpoint_dir, tokenizer_dir)
+    stored = [(tokenizer_dir / name, Path(TOKENIZER) / name) for name in TOKENIZER_FILES] + files
+    from transformers import AutoProcessor
+
+    with tempfile.TemporaryDirectory() as scratch:
+        for src, rel in stored:
+            if src.is_file():
+                os.symlink(src.resolve(), Path(scratch) / rel.name)
+        try:
+            AutoProcessor.from_pretrained(scratch, local_files_only=True)
+        except Exception as error:  # transformers raises many kinds
+            raise PackError(
+                f"{checkpoint_dir} takes images, but its processor does not load with "
+                f"AutoProcessor from its files and the tokenizer's: {error}"
+            ) from error
+    return vision, files
 
 
 @dataclass
@@ -80,9 +131,11 @@ class PackPlan:
     source: str = "engine"
     loras: dict[str, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    vision: dict[str, Any] | None = None  # the manifest's record of a vision-language model
+    processor: list[tuple[Path, Path]] = field(default_factory=list)  # its processor's files
 
     def files(self) -> list[tuple[Path, Path]]:
-        """(source file, path inside the model) for engines and tokenizer."""
+        """(source file, path inside the model) for engines, tokenizer (and processor)."""
         pairs = [
             (path, Path(ENGINES) / path.relative_to(self.engine_dir))
             for path in sorted(self.engine_dir.rglob("*"))
@@ -93,6 +146,7 @@ class PackPlan:
             for name in TOKENIZER_FILES
             if (self.tokenizer_dir / name).is_file()
         ]
+        pairs += self.processor
         pairs += [
             (path / name, Path(LORAS) / adapter / name)
             for adapter, path in sorted(self.loras.items())
@@ -122,6 +176,7 @@ class PackPlan:
             "engine": self.engine.model_dump(mode="json", exclude={"path"}),
             "fill_options": self.options,
             "loras": sorted(self.loras),
+            **({VISION: self.vision} if self.vision is not None else {}),
         }
 
 
@@ -215,6 +270,12 @@ def plan(
     except ValueError as error:
         raise PackError(str(error)) from error
     tokenizer = _check_tokenizer(tokenizer_dir)
+    # The CPU engine's transformers checkpoint may take images; engines of --engine-dir never do.
+    vision, processor = (
+        check_vision(load_engine_config(engine_dir).checkpoint_path(), tokenizer_dir)
+        if source != "engine" and engine.cpu_mode == "hf"
+        else (None, [])
+    )
     adapters = _check_loras(engine, loras or {})
     options = template_options(engine, option_overrides)
     warnings: list[str] = []
@@ -235,6 +296,8 @@ def plan(
         source=source,
         loras=adapters,
         warnings=warnings,
+        vision=vision,
+        processor=processor,
     )
 
 

@@ -5,10 +5,12 @@ Layout of a stored llmapi model (paths relative to the model's root, resolved at
     checkpoint/         the Hugging Face checkpoint (config.json, *.safetensors, tokenizer, ...);
                         for --synthetic a CPU engine dir (config.json with a `cpu_engine`
                         section) with the tokenizer beside it, served by the CPU stand-in only
-    tokenizer/          the tokenizer the service uses (hard links when on one filesystem)
+    tokenizer/          the tokenizer the service uses (hard links when on one filesystem); a
+                        vision-language model's processor files too (AutoProcessor)
     model_repository/   tensorrt_llm/{config.pbtxt, 1/model.py, 1/model.yaml}
     loras/NAME/         Hugging Face LoRA adapters (--lora NAME=DIR), read by the LLM API
-    trtllm_model.json   manifest: workflow "llmapi", checkpoint summary, limits, model.yaml
+    trtllm_model.json   manifest: workflow "llmapi", checkpoint summary, limits, model.yaml;
+                        `vision` for a vision-language model
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any
 from ..common.cpu_engine_config import load_engine_config
 from ..common.lora import LORAS, LoraError, check_hf_adapter_dir, check_name
 from ..common.model_repository import LLMAPI_MODELS, TemplateError
-from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER
+from ..common.model_store import FORMAT, MANIFEST, REPOSITORY, TOKENIZER, VISION
 from ..common.tokenization import record_tokenizer_class
-from .checkpoint import CheckpointError, CheckpointInfo, inspect_checkpoint
-from .engine_packing import TOKENIZER_FILES, PackError, check_tag, copy_files
+from .checkpoint import CheckpointError, CheckpointInfo, describe_vision, inspect_checkpoint
+from .engine_packing import TOKENIZER_FILES, PackError, check_tag, check_vision, copy_files
 from .llmapi_repository import build_model_yaml, write_llmapi_repository
 
 WORKFLOW = "llmapi"
@@ -51,10 +53,12 @@ class LlmapiPlan:
     llmapi_model: str = LLMAPI_MODELS[0]
     loras: dict[str, list[Path]] = field(default_factory=dict)  # name: its files
     labels: dict[str, str] = field(default_factory=dict)
+    vision: dict[str, Any] | None = None  # the manifest's record of a vision-language model
+    processor: list[tuple[Path, Path]] = field(default_factory=list)  # its processor's files
 
     def files(self) -> list[tuple[Path, Path]]:
         """(source file, path inside the model): the checkpoint's top-level files, then the
-        tokenizer's."""
+        tokenizer's (and a vision-language model's processor's)."""
         root = self.checkpoint.path
         pairs = [
             (path, Path(CHECKPOINT) / path.name)
@@ -66,6 +70,7 @@ class LlmapiPlan:
             for name in TOKENIZER_FILES
             if (self.tokenizer_dir / name).is_file()
         ]
+        pairs += self.processor
         pairs += [
             (path, Path(LORAS) / adapter / path.name)
             for adapter, paths in sorted(self.loras.items())
@@ -114,6 +119,7 @@ class LlmapiPlan:
             "limits": self.limits(),
             "model_yaml": self.model_yaml,
             "loras": sorted(self.loras),
+            **({VISION: self.vision} if self.vision is not None else {}),
         }
 
     def write_tree(self, root: Path, show_progress: bool = True) -> None:
@@ -155,9 +161,17 @@ def plan_llmapi(
                 pp_size=pp_size,
                 gpus=gpus,
                 tokenizer_dir=tokenizer_dir,
+                stand_in=source in CPU_SOURCES,
             )
     except CheckpointError as error:
         raise PackError(str(error)) from error
+    vision, processor = (
+        check_vision(
+            Path(checkpoint_dir).resolve(), Path(tokenizer_dir or checkpoint_dir).resolve()
+        )
+        if source != "synthetic"
+        else (None, [])
+    )
     args = dict(llm_args or {})
     adapters = _check_loras(loras or {})
     if adapters:  # --llm-arg lora_config.<field> settings win over the derived ones
@@ -203,6 +217,8 @@ def plan_llmapi(
         llmapi_model=llmapi_model,
         loras={name: files for name, (_, files) in adapters.items()},
         labels={"engine": "cpu" if source in CPU_SOURCES else WORKFLOW, "source": source},
+        vision=vision,
+        processor=processor,
     )
 
 
@@ -259,6 +275,7 @@ def describe_llmapi(pack: LlmapiPlan) -> str:
             f"workflow:     llmapi ({pack.model_yaml['backend']} backend, {pack.llmapi_model} "
             f"model), {info.architecture}, {info.dtype}, tp={info.tp_size} pp={info.pp_size}",
             *quantization,
+            *describe_vision(pack.vision),
             f"limits:       max_input_len={pack.max_input_len} max_seq_len={pack.max_seq_len}"
             f" max_batch_size={pack.max_batch_size or 'LLM API default'}",
             f"files:        {len(pack.files())} ({pack.total_bytes() / 1e6:.1f} MB) from "
