@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from ..common.media import MediaLimits
+
 ORPHAN_GRACE_ENV = "TRTLLM_CPU_ENGINE_ORPHAN_GRACE_S"
 LLMAPI_IMPL_ENV = "TRTLLM_LLMAPI_IMPL"
 LLMAPI_MODEL_PY_ENV = "TRTLLM_LLMAPI_MODEL_PY"
@@ -83,3 +85,33 @@ def _bind_address(name: str) -> str | None:
     if match is None or not 1 <= int(match.group(2)) <= 65535:
         raise RuntimeError(f"{name}={value!r}: use tcp://HOST:PORT, or a port (on 127.0.0.1)")
     return address
+
+
+def media_limits() -> MediaLimits:
+    """The image bounds the engine side decodes within: the service's own variables
+    (TRTLLM_MAX_IMAGE_BYTES, TRTLLM_MAX_IMAGE_PIXELS, TRTLLM_MAX_IMAGES_PER_REQUEST, and for
+    NVIDIA's image_url input TRTLLM_ALLOWED_MEDIA_DOMAINS, TRTLLM_MEDIA_FETCH_TIMEOUT_S), so
+    an image the service accepted is never refused here; defaults where unset."""
+    default = MediaLimits()
+    domains = os.environ.get("TRTLLM_ALLOWED_MEDIA_DOMAINS", "").split(",")
+    return MediaLimits(
+        max_image_bytes=_positive("TRTLLM_MAX_IMAGE_BYTES", default.max_image_bytes),
+        max_request_image_bytes=_positive(
+            "TRTLLM_MAX_REQUEST_IMAGE_BYTES", default.max_request_image_bytes
+        ),
+        max_image_pixels=_positive("TRTLLM_MAX_IMAGE_PIXELS", default.max_image_pixels),
+        max_images=_positive("TRTLLM_MAX_IMAGES_PER_REQUEST", default.max_images),
+        fetch_timeout_s=float(
+            os.environ.get("TRTLLM_MEDIA_FETCH_TIMEOUT_S") or default.fetch_timeout_s
+        ),
+        allowed_domains=tuple(d.strip().lower() for d in domains if d.strip()),
+    )
+
+
+def _positive(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise RuntimeError(f"{name}={value!r}: a positive integer is expected")
+    return int(value)

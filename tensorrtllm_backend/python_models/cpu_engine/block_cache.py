@@ -84,14 +84,15 @@ class BlockTable:
             found.append(block.block_id)
         return found
 
-    def reusable(self, prompt: Sequence[int]) -> list[int]:
+    def reusable(self, prompt: Sequence[int], extra: bytes = b"") -> list[int]:
         """The block ids of `prompt`'s longest held prefix, its last token left out: that one is
-        always computed (its logits give the first token)."""
-        return self.match(chain_hashes(prompt[:-1], self.block_size))
+        always computed (its logits give the first token). `extra`: the request's identity
+        beyond its tokens (its images)."""
+        return self.match(chain_hashes(prompt[:-1], self.block_size, extra))
 
-    def keep(self, tokens: Sequence[int]) -> list[tuple[int, int]]:
-        """:meth:`store` the full blocks of `tokens`."""
-        return self.store(chain_hashes(tokens, self.block_size), tokens)
+    def keep(self, tokens: Sequence[int], extra: bytes = b"") -> list[tuple[int, int]]:
+        """:meth:`store` the full blocks of `tokens` (`extra` as in :meth:`reusable`)."""
+        return self.store(chain_hashes(tokens, self.block_size, extra), tokens)
 
     def store(self, hashes: Sequence[int], tokens: Sequence[int]) -> list[tuple[int, int]]:
         """Hold the chain `hashes` (of `tokens`' blocks): (position in the chain, block id) of

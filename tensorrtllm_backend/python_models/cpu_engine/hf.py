@@ -15,6 +15,7 @@ Torch and transformers are imported here only, so the synthetic mode never pays 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ...common.media import MediaError, decode_image
+from ..stub_settings import media_limits
 from .block_cache import BlockTable
 from .request import GenRequest
 from .sampling import select_token
@@ -40,6 +43,8 @@ class _SeqState:
     matcher: object = None  # xgrammar.GrammarMatcher of a guided request
     fed: bool = False  # its prompt went through a forward
     reused: torch.Tensor | None = None  # block ids of its reused prefix, copied in at its join
+    # A request with images: the embeddings of its image tokens, in prompt order, until its join.
+    image_embeds: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -157,10 +162,11 @@ class _BlockStore:
         self.table = table
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def store(self, cache: _SlotCache, slot: int, tokens: list[int]) -> None:
-        """Keep the full blocks of `tokens`, whose keys and values are in `slot`'s row."""
+    def store(self, cache: _SlotCache, slot: int, tokens: list[int], extra: bytes = b"") -> None:
+        """Keep the full blocks of `tokens`, whose keys and values are in `slot`'s row (`extra`:
+        the request's identity beyond its tokens, BlockTable.keep's)."""
         size = self.table.block_size
-        new = self.table.keep(tokens)
+        new = self.table.keep(tokens, extra)
         if not new:
             return
         ids = torch.tensor([block_id for _, block_id in new], dtype=torch.long)
@@ -419,13 +425,16 @@ class HFBackend:
         """`reuse`: the prefix cache's block table (TensorRT-LLM's enable_kv_cache_reuse); its
         blocks' keys and values are kept here. None: every prompt is computed in full."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         torch.set_num_threads(num_threads or default_num_threads())
         self.device = torch.device(resolve_device(device))
         # bf16 on the GPU (its matrix units' format); float32 on the CPU, where bf16 is slow.
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(
+        config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+        self.takes_images = "vision_config" in config  # an image-text-to-text model
+        auto = AutoModelForImageTextToText if self.takes_images else AutoModelForCausalLM
+        self.model = auto.from_pretrained(
             str(checkpoint_dir), local_files_only=True, dtype=dtype
         ).to(self.device)
         self.model.eval()
@@ -437,8 +446,10 @@ class HFBackend:
                 f"{type(self.model).__name__} does not take a custom attention function "
                 "(transformers' AttentionInterface), which the hf engine runs its steps with"
             )
-        self.vocab_size = int(self.model.config.vocab_size)
-        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        text = getattr(self.model.config, "text_config", None) or self.model.config
+        self.vocab_size = int(text.vocab_size)
+        self.max_positions = int(getattr(text, "max_position_embeddings", 0) or 0)
+        self._images = _ImageEncoder(checkpoint_dir, self.model) if self.takes_images else None
         self._guides: _GuideStep | None = None  # made with the first guided request
         self._cache = _SlotCache()
         self._blocks = _BlockStore(reuse) if reuse is not None else None
@@ -461,7 +472,10 @@ class HFBackend:
             if self._guides is None:
                 self._guides = _GuideStep(self.vocab_size)
             matcher = self._guides.matcher(req)
-        req.backend_state = _SeqState(generator=generator, matcher=matcher)
+        state = req.backend_state = _SeqState(generator=generator, matcher=matcher)
+        if req.images:
+            assert self._images is not None  # the scheduler admits images to takes_images only
+            state.image_embeds = self._images.embeds(req)
 
     @torch.inference_mode()
     def release(self, req: GenRequest) -> None:
@@ -472,7 +486,7 @@ class HFBackend:
         if self._blocks is not None and state is not None and state.fed and state.slot >= 0:
             # Keys and values exist for every token fed: the prompt and all but the last token.
             tokens = (req.prompt + req.generated)[: state.length]
-            self._blocks.store(self._cache, state.slot, tokens)
+            self._blocks.store(self._cache, state.slot, tokens, req.cache_key())
 
     @torch.inference_mode()
     def step(self, batch: list[GenRequest]) -> list[StepResult]:
@@ -506,7 +520,7 @@ class HFBackend:
         token is computed: its logits give the first token)."""
         assert self._blocks is not None
         state: _SeqState = req.backend_state  # type: ignore[assignment]
-        found = self._blocks.table.reusable(req.prompt)
+        found = self._blocks.table.reusable(req.prompt, req.cache_key())
         if found:
             state.reused = torch.tensor(found, dtype=torch.long, device=self.device)
             state.length = len(found) * self._blocks.table.block_size
@@ -527,8 +541,11 @@ class HFBackend:
         keep, context = step.last, _context_rows(decoding, joining)
         if context:  # every prompt position of those requests, after each request's last one
             keep = torch.cat([keep, *(rows.to(self.device) for _, rows in context)])
+        inputs: dict[str, torch.Tensor] = {"input_ids": step.input_ids[None]}
+        if any(req.backend_state.image_embeds is not None for req in joining):  # type: ignore[union-attr]
+            inputs = {"inputs_embeds": self._embeds(step.input_ids, decoding, joining)[None]}
         out = self.model(
-            input_ids=step.input_ids[None],
+            **inputs,
             position_ids=step.columns[None],
             use_cache=False,
             logits_to_keep=keep,
@@ -539,6 +556,7 @@ class HFBackend:
         for req in joining:
             state: _SeqState = req.backend_state  # type: ignore[assignment]
             state.length, state.fed, state.reused = len(req.prompt), True, None
+            state.image_embeds = None
         # Sampling runs on the CPU with each request's own seeded generator.
         logits = out.logits[0].float().cpu()  # one copy for the batch, not one per row
         order = decoding + joining
@@ -547,3 +565,72 @@ class HFBackend:
             req.prompt_logits = logits[row : row + len(rows)].numpy()
             row += len(rows)
         return {id(req): logits[row] for row, req in enumerate(order)}
+
+    def _embeds(
+        self, ids: torch.Tensor, decoding: list[GenRequest], joining: list[GenRequest]
+    ) -> torch.Tensor:
+        """The step's input embeddings: its tokens', with each joining prompt's image tokens
+        (past its reused prefix) replaced by its images' embeddings."""
+        assert self._images is not None
+        embeds = self.model.get_input_embeddings()(ids)
+        start = len(decoding)
+        for req in joining:
+            state: _SeqState = req.backend_state  # type: ignore[assignment]
+            fed = req.prompt[state.length :]
+            if state.image_embeds is not None:
+                token = self._images.token_id
+                # The image tokens of the reused prefix are cached; the rest are fed now.
+                before = sum(1 for t in req.prompt[: state.length] if t == token)
+                rows = [start + i for i, t in enumerate(fed) if t == token]
+                if rows:
+                    where = torch.tensor(rows, device=embeds.device)
+                    features = state.image_embeds[before : before + len(rows)]
+                    embeds[where] = features.to(embeds.dtype)
+            start += len(fed)
+        return embeds
+
+
+class _ImageEncoder:
+    """A vision-language model's image side: its image processor and vision tower, turning a
+    request's images into the embeddings of its prompt's image tokens."""
+
+    def __init__(self, checkpoint_dir: str | Path, model: Any) -> None:
+        from transformers import AutoImageProcessor
+
+        self.processor = AutoImageProcessor.from_pretrained(
+            str(checkpoint_dir), local_files_only=True
+        )
+        self.model = model
+        config = model.config
+        token = getattr(config, "image_token_id", None)
+        if token is None:
+            token = getattr(config, "image_token_index", None)
+        if token is None:
+            raise ValueError(f"{type(model).__name__}'s config names no image token id")
+        self.token_id = int(token)
+        self.limits = media_limits()
+
+    @torch.inference_mode()
+    def embeds(self, req: GenRequest) -> torch.Tensor:
+        """[image tokens, hidden]: the request's images through the vision tower and projector,
+        as many rows as its prompt has image tokens (a ValueError when they differ)."""
+        try:
+            images = [decode_image(data, self.limits) for data in req.images]
+        except MediaError as error:
+            raise ValueError(str(error)) from None
+        pixels = self.processor(images, return_tensors="pt")["pixel_values"]
+        parameter = next(self.model.parameters())
+        features = self.model.get_image_features(
+            pixel_values=pixels.to(parameter.device, parameter.dtype)
+        )
+        if not isinstance(features, torch.Tensor):  # per image, in some models' versions
+            features = getattr(features, "pooler_output", features)
+            features = torch.cat([f.reshape(-1, f.shape[-1]) for f in features])
+        features = features.reshape(-1, features.shape[-1])
+        count = sum(1 for token in req.prompt if token == self.token_id)
+        if count != features.shape[0]:
+            raise ValueError(
+                f"the prompt holds {count} image tokens but its {len(images)} images make "
+                f"{features.shape[0]}: expand each image's placeholder with the model's processor"
+            )
+        return features

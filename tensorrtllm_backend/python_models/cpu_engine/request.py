@@ -7,6 +7,7 @@ Triton request into a GenRequest and a pb_utils response sender into a Sink.
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,8 @@ class GenRequest:
     # engine's GuideCompiler, shared by every sequence with the same guide).
     guided: tuple[str, str | None] | None = None
     grammar: object = None
+    # A vision-language model's images (encoded), in the order of the prompt's image tokens.
+    images: list[bytes] = field(default_factory=list)
     batch_index: int = 0  # row of the Triton request this sequence belongs to
     sequence_index: int = 0  # which of the row's num_return_sequences sequences this is
     arrival_ns: int = field(default_factory=time.time_ns)
@@ -128,6 +131,11 @@ class GenRequest:
     # sequence then ends as on its end token.
     guide_ended: bool = False
     ended_on: int | None = None  # the end or stop token that ended the sequence
+
+    def cache_key(self) -> bytes:
+        """What the prefix cache keys this request's blocks by beyond their tokens: its images'
+        contents (the same placeholder tokens stand for any image)."""
+        return b"".join(hashlib.sha256(image).digest() for image in self.images)
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at the next step (thread-safe: a flag)."""

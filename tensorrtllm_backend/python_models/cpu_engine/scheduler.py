@@ -33,6 +33,7 @@ class Backend(Protocol):
 
     ttft_s: float  # delay before a request's first token (synthetic); 0 for real compute
     itl_s: float  # delay between tokens (synthetic); 0 for real compute
+    takes_images: bool  # a vision-language model: requests may carry images
 
     def admit(self, req: GenRequest) -> None:
         """Per-request setup when it joins the active batch."""
@@ -257,6 +258,8 @@ class Scheduler:
             req.first_scheduled_ns = time.time_ns()
             req.next_due = time.monotonic() + self._backend.ttft_s
             try:
+                if req.images and not self._backend.takes_images:
+                    raise ValueError("this model takes no images: send the prompt alone")
                 self._backend.admit(req)
             except ValueError as exc:  # a bad request, not an engine fault
                 req.sink.fail(req, f"CPU engine rejected the request: {exc}")

@@ -63,6 +63,8 @@ def scripted_answer(conversation: str, end_text: str) -> str:
 class ScriptedBackend:
     """Scheduler backend playing :func:`scripted_answer`; delays through ttft_s / itl_s."""
 
+    takes_images = False
+
     def __init__(
         self,
         *,

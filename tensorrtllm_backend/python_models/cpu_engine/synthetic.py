@@ -80,6 +80,8 @@ def context_logits(prompt: list[int], vocab_size: int) -> object:
 class SyntheticBackend:
     """Scheduler backend; delays are applied by the scheduler through ttft_s / itl_s."""
 
+    takes_images = False
+
     def __init__(
         self,
         *,

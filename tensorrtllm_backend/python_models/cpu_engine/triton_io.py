@@ -94,6 +94,19 @@ class _Inputs:
             texts.append(value or None)
         return texts
 
+    def images(self) -> list[list[bytes]]:
+        """Each row's images (`images`: [batch, n] encoded bytes; a ragged batch's shorter rows
+        end in empty entries, which are not images)."""
+        value = self.array("images")
+        if value is None or value.size == 0:
+            return [[] for _ in range(self.batch)]
+        if value.ndim == 1:
+            value = value[None]
+        if value.ndim != 2 or value.shape[0] not in (1, self.batch):
+            raise RequestError(f"input 'images' must have shape [batch, n], got {value.shape}")
+        rows = [[bytes(item) for item in row if len(item)] for row in value]
+        return rows * self.batch if len(rows) == 1 and self.batch > 1 else rows
+
     def word_lists(self, name: str) -> list[list[list[int]]]:
         value = self.array(name)
         if value is None or value.size == 0:
@@ -170,6 +183,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
     context_logits = bool(inputs.rows("return_context_logits", False)[0])
     guide_types = inputs.strings("guided_decoding_guide_type")
     guides = inputs.strings("guided_decoding_guide")
+    images = inputs.images()
     bias = inputs.array("embedding_bias")
     if bias is not None and bias.size:
         bias = bias.reshape(bias.shape[0], -1) if bias.ndim > 1 else bias.reshape(1, -1)
@@ -236,6 +250,7 @@ def parse_request(pb: Any, request: Any, limits: EngineLimits) -> ParsedRequest:
                 ),
                 "embedding_bias": row_bias,
                 "guided": guide_of(guide_types[row], guides[row]),
+                "images": images[row],
             },
             return_sequences[row],
         )

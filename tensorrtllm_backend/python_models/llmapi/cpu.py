@@ -28,6 +28,7 @@ from typing import Any
 
 from ...common.cpu_engine_config import load_engine_config
 from ...common.guides import GuideError
+from ...common.media import MediaError, decode_image
 from ...common.tokenization import IncrementalDetokenizer, StopStringMatcher, load_tokenizer
 from ..cpu_engine.loading import EngineGuides, PrefixCache, make_backend, prefix_cache
 from ..cpu_engine.request import Chunk, FinishReason, GenRequest, SamplingParams, TopLogprobs
@@ -35,6 +36,7 @@ from ..cpu_engine.scheduler import Scheduler
 from ..cpu_engine.triton_io import MAX_CONTEXT_LOGITS, split_sequences
 from ..prompt_scores import PromptScores, reduce_logits
 from ..request_error import RequestError
+from ..stub_settings import media_limits
 from .engine import EngineRequest, PerfMetrics, Sampling, SequenceStep, Step
 from .settings import ModelSettings, checkpoint_dir
 
@@ -80,13 +82,17 @@ class CpuEngine:
 
             backend = HFBackend(model_dir, reuse=reuse)
             vocab_size = backend.vocab_size
+            text = config.get("text_config") or config  # a vision-language model's LM
             self.max_seq_len = int(
-                args.get("max_seq_len") or config.get("max_position_embeddings") or 2048
+                args.get("max_seq_len") or text.get("max_position_embeddings") or 2048
             )
             self.max_input_len = int(args.get("max_input_len") or self.max_seq_len - 1)
             max_batch_size = int(args.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
             self.name = f"the CPU stand-in (transformers) from {model_dir}"
         self.vocab_size = vocab_size
+        self.takes_images = backend.takes_images
+        self._tokenizer_dir = tokenizer_dir
+        self._processor: Any = None  # a VLM's, for text prompts with images (made when needed)
         self.guides: EngineGuides | None = None
         if guides_refused is None and settings.guided_decoding_backend is None:
             guides_refused = (
@@ -120,7 +126,15 @@ class CpuEngine:
             raise RequestError("sampling_param_best_of > n needs tensorrt_llm")
         if sampling.guide is not None and self.guides_refused is not None:
             raise RequestError(self.guides_refused)
-        if isinstance(request.prompt, str):
+        if request.images and not self.takes_images:
+            raise RequestError("this model takes no images: send the prompt alone")
+        if request.images:  # each placeholder once, as the LLM API takes it: expanded here
+            if isinstance(request.prompt, str):
+                prompt = self._expand(request.prompt, request.images, True)
+            else:
+                text = self.tokenizer.decode(request.prompt, skip_special_tokens=False)
+                prompt = self._expand(text, request.images, False)
+        elif isinstance(request.prompt, str):
             prompt = list(self.tokenizer.encode(request.prompt))
         else:
             prompt = list(request.prompt)
@@ -148,6 +162,26 @@ class CpuEngine:
         if bad_ids:
             raise RequestError(f"sampling_param_bad_token_ids {bad_ids} outside the vocabulary")
         return CpuGeneration(self, request, prompt)
+
+    def _expand(self, prompt: str, images: list[bytes], special: bool) -> list[int]:
+        """A prompt's token ids with each image placeholder expanded by the model's processor,
+        as the LLM API's input processors do (token ids are decoded to text first, and then get
+        no special tokens: `special` False)."""
+        from transformers import AutoProcessor
+
+        if self._processor is None:
+            self._processor = AutoProcessor.from_pretrained(
+                str(self._tokenizer_dir), local_files_only=True
+            )
+        try:
+            decoded = [decode_image(data, media_limits()) for data in images]
+        except MediaError as error:
+            raise RequestError(str(error)) from None
+        try:
+            encoded = self._processor(text=[prompt], images=decoded, add_special_tokens=special)
+        except ValueError as error:  # e.g. placeholders and images do not match
+            raise RequestError(f"the prompt and its images do not fit: {error}") from None
+        return [int(token) for token in encoded["input_ids"][0]]
 
     def shutdown(self) -> None:
         self.scheduler.stop()
@@ -303,6 +337,7 @@ class CpuGeneration:
             if sampling.guide is None
             else (sampling.guide.type, sampling.guide.guide),
             "grammar": grammar,
+            "images": request.images,
         }
         for position, (sequence, arguments) in enumerate(
             zip(self._sequences, split_sequences(row, sampling.n), strict=True)

@@ -85,6 +85,9 @@ class EngineRequest:
     streaming: bool = False
     lora: LoraSpec | None = None
     request_id: str = ""
+    # A vision-language model's images (encoded, checked), in the order of the prompt's image
+    # placeholders.
+    images: list[bytes] = field(default_factory=list)
 
 
 @dataclass(slots=True)

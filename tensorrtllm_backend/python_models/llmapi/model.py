@@ -29,6 +29,7 @@ from .settings import ModelSettings, read_model_settings
 from .tensors import (
     ParsedRequest,
     is_stop_request,
+    load_image_urls,
     parse_request,
     text_response,
     token_response,
@@ -221,6 +222,10 @@ class LlmapiModel:
     async def _serve(self, parsed: ParsedRequest, out: _Responder) -> None:
         """Run one request on the engine, a response per step."""
         try:
+            if parsed.image_urls:  # fetching and decoding stay off the loop
+                parsed.request.images += await asyncio.to_thread(
+                    load_image_urls, parsed.image_urls, len(parsed.request.images)
+                )
             generation = self.engine.generate(parsed.request)
         except Exception as error:
             out.fail(_message(error))

@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from ...common.media import ImageBudget, MediaError, image_from_url
 from ..cpu_engine.triton_io import guide_of
 from ..prompt_scores import OUTPUTS as PROMPT_OUTPUTS
 from ..request_error import RequestError
+from ..stub_settings import media_limits
 from .engine import (
     EngineRequest,
     Guide,
@@ -138,6 +140,7 @@ class ParsedRequest:
     logprobs: int | None = None  # alternatives per token (0: the chosen token's only)
     perf: bool = False
     scores_sent: bool = False  # the prompt's scores went out (with the first response after)
+    image_urls: list[str] = field(default_factory=list)  # NVIDIA's image_url: read before it runs
 
 
 def is_stop_request(pb: Any, request: Any) -> bool:
@@ -149,8 +152,6 @@ def parse_request(pb: Any, request: Any, *, decoupled: bool, return_perf: bool) 
     """Validate a request's tensors (RequestError names the input to fix). `return_perf`: the
     LLM's own return_perf_metrics, ORed into every request's as the LLM API does."""
     inputs = _Inputs(pb, request)
-    if inputs.array("image_url") is not None:
-        raise RequestError("input 'image_url': multimodal prompts are not supported by this model")
     ids = inputs.ids("input_ids")
     texts = inputs.strings("text_input")
     if ids:
@@ -194,7 +195,9 @@ def parse_request(pb: Any, request: Any, *, decoupled: bool, return_perf: bool) 
             streaming=streaming,
             lora=_lora(inputs),
             request_id=request.request_id() or "",
+            images=_images(inputs),
         ),
+        image_urls=[url for url in inputs.strings("image_url") if url],
         token_ids=token_ids,
         prompt_text="" if exclude or token_ids else str(prompt),
         prompt_ids=[] if exclude or not token_ids else ids,
@@ -204,6 +207,30 @@ def parse_request(pb: Any, request: Any, *, decoupled: bool, return_perf: bool) 
         logprobs=sampling.logprobs,
         perf=sampling.return_perf_metrics,
     )
+
+
+def _images(inputs: _Inputs) -> list[bytes]:
+    """The `images` input: encoded images (empty entries are none)."""
+    value = inputs.array("images")
+    return [] if value is None else [bytes(item) for item in value.reshape(-1) if len(item)]
+
+
+def load_image_urls(urls: list[str], given: int) -> list[bytes]:
+    """NVIDIA's `image_url` input read (data: URIs; http(s) of TRTLLM_ALLOWED_MEDIA_DOMAINS'
+    hosts) within the service's image limits, `given` images having come as `images`
+    (blocking: fetches)."""
+    limits = media_limits()
+    budget = ImageBudget(limits)
+    found = []
+    try:
+        budget.check_count(given + len(urls), "image_url")
+        for index, url in enumerate(urls):
+            image = image_from_url(url, limits, where=f"image_url[{index}]")
+            budget.add(image, f"image_url[{index}]")
+            found.append(image.data)
+    except MediaError as error:
+        raise RequestError(f"input {error}") from None
+    return found
 
 
 def _check(sampling: Sampling) -> None:

@@ -3,8 +3,9 @@
 It builds one `tensorrt_llm.LLM` from model.yaml's LLM arguments, turns each EngineRequest into
 a `SamplingParams` (with `GuidedDecodingParams`, and a `LoRARequest` when the request names an
 adapter), calls `generate_async` with keywords only, and reads the `RequestOutput` it yields back
-into steps. Written against TensorRT-LLM 1.2 (the facts in the project's TRTLLM_LLMAPI.md);
-where that source was uncertain the code reads defensively and says so. tests/unit/python_models/
+into steps; a request's images go as PIL images in the prompt dict's `multi_modal_data`.
+Written against TensorRT-LLM 1.2 (the facts in the project's TRTLLM_LLMAPI.md); where that
+source was uncertain the code reads defensively and says so. tests/unit/python_models/
 test_llmapi_trtllm.py runs it against a fake `tensorrt_llm` built from the documented API, whose
 constructors accept exactly the documented keywords.
 """
@@ -20,8 +21,10 @@ from typing import Any
 
 import tensorrt_llm
 from tensorrt_llm.executor.request import LoRARequest
+from tensorrt_llm.inputs.registry import DefaultInputProcessor
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
+from ...common.media import MediaError, decode_image
 from ..kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -32,6 +35,7 @@ from ..kv_events import (
 )
 from ..prompt_scores import PromptScores, reduce_logits
 from ..request_error import RequestError
+from ..stub_settings import media_limits
 from . import engine
 from .settings import ModelSettings
 
@@ -135,6 +139,40 @@ def lora_request(lora: engine.LoraSpec) -> Any:
     )
 
 
+def pil_image(data: bytes) -> Any:
+    """An encoded image (checked by the service) as the RGB PIL image every multimodal input
+    processor takes, decoded within the service's image bounds."""
+    try:
+        return decode_image(data, media_limits())
+    except MediaError as error:
+        raise RequestError(str(error)) from None
+
+
+def prompt_inputs(request: engine.EngineRequest) -> str | dict[str, Any]:
+    """generate_async's `inputs`: the text, or {"prompt_token_ids": ids}; with images, that
+    TextPrompt / TokensPrompt plus multi_modal_data {"image": [PIL images]}.
+
+    The prompt must already hold the model's image placeholder once per image, unexpanded
+    (`<|vision_start|><|image_pad|><|vision_end|>` for Qwen2-VL, `<image>` for LLaVA-NeXT, as
+    the chat template renders it): the model's input processor expands each into the image's
+    feature tokens. Token ids go through it too (decoded back to text first, on most models)."""
+    prompt = request.prompt
+    images = getattr(request, "images", None) or []  # EngineRequest.images: encoded bytes
+    if not images:
+        return prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+    key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+    value = prompt if isinstance(prompt, str) else list(prompt)
+    return {key: value, "multi_modal_data": {"image": [pil_image(data) for data in images]}}
+
+
+def takes_images(llm: Any) -> bool:
+    """Whether the LLM has a multimodal input processor. The LLM API tells the two apart the
+    same way (DefaultInputProcessor only tokenizes), and with the default one it drops images:
+    ignored beside token ids, a logged warning beside text."""
+    processor = getattr(llm, "input_processor", None)
+    return processor is not None and not isinstance(processor, DefaultInputProcessor)
+
+
 class TrtllmEngine:
     """LlmEngine over one `tensorrt_llm.LLM` (PyTorch backend)."""
 
@@ -146,6 +184,7 @@ class TrtllmEngine:
             arguments = with_kv_events(arguments)
         self._block_size = tokens_per_block(arguments.get("kv_cache_config"))
         self._llm = tensorrt_llm.LLM(**arguments)
+        self._takes_images = takes_images(self._llm)
         self._event_task: asyncio.Task[None] | None = None
         self.name = f"tensorrt_llm {getattr(tensorrt_llm, '__version__', '')} ({settings.path})"
 
@@ -156,13 +195,14 @@ class TrtllmEngine:
                 "guided decoding is off for this model: model.yaml sets no "
                 "guided_decoding_backend (pack it with guided_decoding_backend: xgrammar)"
             )
+        if getattr(request, "images", None):
+            self._check_images(request)
         try:
             params = sampling_params(request.sampling)
             lora = lora_request(request.lora) if request.lora is not None else None
         except (ValueError, TypeError) as error:  # SamplingParams / LoRARequest validation
             raise RequestError(str(error)) from None
-        prompt = request.prompt
-        inputs = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+        inputs = prompt_inputs(request)
         output = self._llm.generate_async(
             inputs=inputs,
             sampling_params=params,
@@ -174,6 +214,17 @@ class TrtllmEngine:
             bridge = KvEventBridge(self._llm, self._events, self._block_size)
             self._event_task = asyncio.get_running_loop().create_task(bridge.run())
         return TrtllmGeneration(output, request)
+
+    def _check_images(self, request: engine.EngineRequest) -> None:
+        if not self._takes_images:
+            raise RequestError(
+                "this model takes no images: TensorRT-LLM has no multimodal input processor "
+                "for its checkpoint (images need a vision-language model)"
+            )
+        if request.sampling.prompt_logprobs is not None:
+            # The engine's prompt holds each image's feature tokens (ids outside the
+            # vocabulary), not the ids that were sent.
+            raise RequestError("prompt log probs are not available for prompts with images")
 
     def shutdown(self) -> None:
         if self._event_task is not None:

@@ -63,7 +63,7 @@ OUR_INPUTS = {
     "sampling_param_ignore_eos", "sampling_param_end_id", "sampling_param_pad_id",
     "sampling_param_stop_token_ids", "sampling_param_bad", "sampling_param_bad_token_ids",
     "sampling_param_logprobs", "sampling_param_prompt_logprobs", "guided_decoding_guide_type",
-    "guided_decoding_guide",
+    "guided_decoding_guide", "images",
 }  # fmt: skip
 OUR_OUTPUTS = {
     "output_ids", "sequence_index", "output_log_probs", "output_top_token_ids",

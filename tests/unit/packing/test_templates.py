@@ -29,6 +29,7 @@ CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "contract_c2e65b8.js
 # written for NVIDIA's model never needs them) and outputs sent only when asked for.
 OUR_EXTRAS = {
     ("tensorrt_llm", "inputs", "top_log_probs"),
+    ("tensorrt_llm", "inputs", "images"),
     ("tensorrt_llm", "outputs", "output_top_token_ids"),
     ("tensorrt_llm", "outputs", "output_top_log_probs"),
 }

@@ -7,7 +7,11 @@ What it holds to the letter, so that a call the real API would reject fails here
   GuidedDecodingParams takes one guide at most, LoRARequest's __post_init__ checks the path;
 - LLM(...) takes the documented parameters and, as keywords, only documented LLM arguments;
 - generate_async has exactly the documented parameters, and must be called with keywords only
-  (NVIDIA's 1.2 model passed `streaming` positionally into `lora_request`);
+  (NVIDIA's 1.2 model passed `streaming` positionally into `lora_request`); a prompt dict holds
+  `prompt` or `prompt_token_ids` and only its documented keys, its `multi_modal_data` only
+  documented modalities and element types;
+- LLM.input_processor is a DefaultInputProcessor, or a multimodal one when `fake.multimodal` is
+  set before the LLM is built; images sent to the default one fail (the real API drops them);
 - RequestOutput / CompletionOutput have the documented attributes; a streaming RequestOutput is
   the same object updated in place at each yield, with `*_diff` properties, `abort()` ends it
   with finish_reason "cancelled", and a per-request failure raises RequestError on iteration.
@@ -75,6 +79,45 @@ def _guided_post_init(self: Any) -> None:
 def _lora_post_init(self: Any) -> None:
     if not os.path.exists(self.lora_path):
         raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+
+
+class DefaultInputProcessor:
+    """tensorrt_llm.inputs.registry.DefaultInputProcessor: a text-only model's (tokenizes)."""
+
+
+class BaseMultimodalInputProcessor:
+    """tensorrt_llm.inputs.registry.BaseMultimodalInputProcessor: a vision-language model's."""
+
+
+def _is_a(item: Any, names: list[str]) -> bool:
+    """Whether `item` is an instance of one of the classes named `module.QualName`."""
+    return any(f"{c.__module__}.{c.__qualname__}" in names for c in type(item).__mro__)
+
+
+def _prompt_ids(inputs: Any, input_processor: Any) -> list[int]:
+    """The prompt's token ids (a text prompt is "tokenized" one id per character), after the
+    checks the contract allows: a TextPrompt or TokensPrompt dict with its documented keys, and
+    multi_modal_data with documented modalities and element types."""
+    if isinstance(inputs, str):
+        return [ord(c) for c in inputs]
+    if isinstance(inputs, list):
+        return list(inputs)
+    if ("prompt" in inputs) == ("prompt_token_ids" in inputs):
+        raise TypeError(f"a prompt dict holds prompt or prompt_token_ids: {sorted(inputs)}")
+    text = "prompt" in inputs
+    allowed = API["PromptInputs"]["TextPrompt_keys" if text else "TokensPrompt_keys"]
+    if unknown := set(inputs) - set(allowed):
+        raise TypeError(f"unknown prompt keys {sorted(unknown)}")
+    media = inputs.get("multi_modal_data") or {}
+    multimodal = API["multimodal"]
+    for modality, items in media.items():
+        if modality not in multimodal["modalities"]:
+            raise ValueError(f"unknown modality {modality!r}")
+        if modality == "image" and not all(_is_a(i, multimodal["image_types"]) for i in items):
+            raise TypeError(f"images must be one of {multimodal['image_types']}")
+    if media and isinstance(input_processor, DefaultInputProcessor):
+        raise AssertionError("media sent to a text-only model: the LLM API would drop them")
+    return [ord(c) for c in inputs["prompt"]] if text else list(inputs["prompt_token_ids"])
 
 
 class RequestError(RuntimeError):
@@ -250,6 +293,8 @@ class LLM:
         self.args = {k: v for k, v in bound.arguments.items() if k not in ("self", "kwargs")}
         self.args.update(extra)
         self.shut_down = False
+        processor = BaseMultimodalInputProcessor if fake.multimodal else DefaultInputProcessor
+        self.input_processor = processor()
         self.kv_events: list[dict[str, Any]] = []  # queued for get_kv_cache_events_async
         fake.llms.append(self)
 
@@ -261,11 +306,7 @@ class LLM:
             raise RuntimeError("LLM is shutting down")
         call = {k: v for k, v in bound.arguments.items() if k != "self"}
         fake.calls.append(call)
-        inputs = call["inputs"]
-        if isinstance(inputs, dict):
-            prompt_ids = list(inputs["prompt_token_ids"])
-        else:
-            prompt_ids = [ord(c) for c in inputs]  # a text prompt: "tokenized" by the fake
+        prompt_ids = _prompt_ids(call["inputs"], self.input_processor)
         params = call.get("sampling_params") or SamplingParams()
         self._queue_kv_events(prompt_ids)
         return RequestOutput(fake, prompt_ids, params)
@@ -334,6 +375,7 @@ fake = _module(
     llms=[],
     aborted=[],
     step_s=0.001,
+    multimodal=False,  # the next LLM built is a vision-language model's
 )
 MODULES = {
     "tensorrt_llm": fake,
@@ -349,6 +391,12 @@ MODULES = {
     "tensorrt_llm.executor.utils": _module(
         "tensorrt_llm.executor.utils", RequestError=RequestError
     ),
+    "tensorrt_llm.inputs": _module("tensorrt_llm.inputs"),
+    "tensorrt_llm.inputs.registry": _module(
+        "tensorrt_llm.inputs.registry",
+        DefaultInputProcessor=DefaultInputProcessor,
+        BaseMultimodalInputProcessor=BaseMultimodalInputProcessor,
+    ),
 }
 
 
@@ -361,6 +409,7 @@ def install(monkeypatch: Any) -> types.ModuleType:
     monkeypatch.setattr(fake, "aborted", [])
     monkeypatch.setattr(fake, "reused_prompt_tokens", 0, raising=False)
     monkeypatch.setattr(fake, "kv_event_ids", [], raising=False)
+    monkeypatch.setattr(fake, "multimodal", False)
     monkeypatch.delitem(
         sys.modules, "tensorrtllm_backend.python_models.llmapi.trtllm", raising=False
     )

@@ -5,7 +5,9 @@ documented keywords: any keyword we pass that the contract lacks fails these tes
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import io
 from pathlib import Path
 
 import fake_tensorrt_llm
@@ -365,3 +367,73 @@ def test_the_llm_apis_kv_cache_events_are_published_in_vllms_format(
     finally:
         started.finalize()
         subscriber.close(linger=0)
+
+
+def png(size: tuple[int, int], mode: str = "RGB") -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new(mode, size).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def image_request(prompt, images: list[bytes], **sampling):
+    """An EngineRequest carrying encoded images."""
+    from tensorrtllm_backend.python_models.llmapi import engine
+
+    return engine.EngineRequest(prompt, engine.Sampling(max_tokens=1, **sampling), images=images)
+
+
+def generate(model, request) -> list:
+    """Run one request on the model's engine, on its loop (as the model does)."""
+
+    async def steps() -> list:
+        return [step async for step in model.engine.generate(request)]
+
+    return asyncio.run_coroutine_threadsafe(steps(), model.loop).result(10)
+
+
+@pytest.fixture
+def vlm(fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The model over a vision-language checkpoint (a multimodal input processor)."""
+    fake.multimodal = True
+    started = serve(monkeypatch, tmp_path / "vlm")
+    yield started
+    started.finalize()
+
+
+def test_images_go_as_multi_modal_data_beside_the_prompt(vlm, fake) -> None:
+    """A text or token-id prompt with images becomes a TextPrompt / TokensPrompt dict whose
+    multi_modal_data holds them as RGB PIL images, in order; the prompt goes as sent (its
+    placeholders unexpanded: the model's input processor expands them)."""
+    from PIL import Image
+
+    text = "<|vision_start|><|image_pad|><|vision_end|>" * 2 + "What is this?"
+    steps = generate(vlm, image_request(text, [png((4, 3)), png((2, 5), "RGBA")]))
+    assert steps[-1].finished
+    inputs = fake.calls[-1]["inputs"]
+    assert set(inputs) == {"prompt", "multi_modal_data"} and inputs["prompt"] == text
+    images = inputs["multi_modal_data"]["image"]
+    assert all(isinstance(image, Image.Image) and image.mode == "RGB" for image in images)
+    assert [image.size for image in images] == [(4, 3), (2, 5)]
+    generate(vlm, image_request([1, 151652, 151655, 151653, 9], [png((4, 3))]))
+    inputs = fake.calls[-1]["inputs"]
+    assert set(inputs) == {"prompt_token_ids", "multi_modal_data"}
+    assert inputs["prompt_token_ids"] == [1, 151652, 151655, 151653, 9]
+    assert len(inputs["multi_modal_data"]["image"]) == 1
+    generate(vlm, image_request([4], []))  # no images: the plain token prompt
+    assert fake.calls[-1]["inputs"] == {"prompt_token_ids": [4]}
+
+
+def test_images_a_model_cannot_take_are_refused(model, vlm, fake) -> None:
+    """A text-only model (whose LLM API would drop them), prompt scores (the engine's prompt
+    holds the images' feature tokens) and undecodable bytes: the request's error."""
+    from tensorrtllm_backend.python_models.request_error import RequestError
+
+    with pytest.raises(RequestError, match="takes no images"):
+        generate(model, image_request("<image>Hi", [png((4, 3))]))
+    with pytest.raises(RequestError, match="prompt log probs"):
+        generate(vlm, image_request("<image>Hi", [png((4, 3))], prompt_logprobs=0))
+    with pytest.raises(RequestError, match="not a PNG, JPEG, WEBP or GIF image"):
+        generate(vlm, image_request("<image>Hi", [b"not an image"]))
+    assert fake.calls == []
