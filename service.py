@@ -120,6 +120,8 @@ class TRTLLM:
             self.runtime.settings.tool_parser,
             self.runtime.settings.reasoning_parser,
             self.runtime.quantization,
+            self.runtime.vision,
+            self.runtime.images_unsupported or "",
         )
 
     @bentoml.on_shutdown
@@ -136,10 +138,18 @@ class TRTLLM:
 
     async def _admit(self, fields: dict[str, Any]) -> PreparedRequest:
         request = GenerateRequest(**fields)
-        params = SamplingParams(**request.model_dump(exclude={"prompt", "lora"}))
+        params = SamplingParams(**request.model_dump(exclude={"prompt", "lora", "images"}))
+        if not request.images:
+            return await self.runtime.generator.admit(
+                request.prompt, params, api=NATIVE_LABEL, lora=request.lora
+            )
+        if self.chat is None:
+            raise RequestError("the model is still loading: retry shortly", 503)
+        ids, images = await self.chat.prompt_images(request.prompt, request.images)
         return await self.runtime.generator.admit(
-            request.prompt, params, api=NATIVE_LABEL, lora=request.lora
-        )
+            request.prompt, params, api=NATIVE_LABEL, lora=request.lora, token_ids=ids.expanded,
+            written_ids=ids.written, images=images,
+        )  # fmt: skip
 
     @bentoml.api(input_spec=GenerateRequest)
     async def generate(self, **fields: Any) -> AsyncGenerator[str, None]:

@@ -107,6 +107,15 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     max_in_flight: PositiveInt = 1024
     max_request_bytes: PositiveInt = 4 * 1024 * 1024
+    # Images in (a model that takes them): per request, per image, and where they may come from
+    # (comma-separated host names; unset: data: URIs only, no fetching).
+    allowed_media_domains: str | None = None
+    max_images_per_request: PositiveInt = 8
+    max_image_bytes: PositiveInt = 10 * 1024 * 1024
+    max_request_image_bytes: PositiveInt = 32 * 1024 * 1024
+    max_image_pixels: PositiveInt = 16_000_000
+    media_fetch_timeout_s: PositiveFloat = 10.0
+    max_media_redirects: int = Field(3, ge=0)
     guide_compile_timeout_s: PositiveFloat = 10.0
     http_keepalive_s: PositiveInt = 75
     concurrency: PositiveInt | None = None

@@ -8,7 +8,7 @@ collection is every whole answer.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,7 @@ from ..common.engine_api import (
 from ..common.engine_config import EngineInfo
 from ..common.guides import GuideCompiler, GuideError, check_guide_present
 from ..common.lora import LoraAdapter, LoraRegistry
+from ..common.media import LoadedImage
 from ..common.tokenization import StopStringMatcher
 from .ids import new_request_id
 from .metrics import GenerationMetrics
@@ -73,6 +74,9 @@ class PreparedRequest:
     prompt_ids: list[int]
     api: str = "native"  # metrics label
     lora: LoraAdapter | None = None
+    images: tuple[LoadedImage, ...] = ()  # placed in the prompt (prompt_ids) by the processor
+    # With images: the prompt with each image's placeholder once (the LLM API expands them).
+    written_ids: list[int] | None = None
 
 
 class Generator:
@@ -130,6 +134,8 @@ class Generator:
         api: str = "native",
         lora: str | None = None,
         token_ids: list[int] | None = None,
+        images: Sequence[LoadedImage] = (),
+        written_ids: list[int] | None = None,
     ) -> PreparedRequest:
         """Tokenize and check every engine limit before Triton sees the request (blocking, in
         proportion to the prompt: the service calls it through :meth:`admit`).
@@ -137,9 +143,13 @@ class Generator:
         With `max_tokens_cap`, a request that did not set max_tokens gets all the room the engine
         leaves after the prompt, up to the cap (OpenAI chat semantics). With `token_ids`, the
         prompt is those tokens (checked against the vocabulary) and `prompt` is ignored: the
-        prepared prompt is their text.
+        prepared prompt is their text. `images` go with the prompt, whose token ids hold their
+        placeholders (the chat core's processor put them there), and `written_ids` the same prompt
+        with each placeholder once.
         """
         limits = self.limits
+        if images and self.path.no_images is not None:
+            raise RequestError(self.path.no_images, param="messages")
         self.path.check(params, lora)
         if params.top_log_probs:
             self._check_top_log_probs()
@@ -194,8 +204,9 @@ class Generator:
             params = params.model_copy(update={"top_p": 1.0})
         self.path.check_prepared(params)
         return PreparedRequest(
-            request_id or new_request_id(), prompt, params, prompt_ids, api, adapter
-        )
+            request_id or new_request_id(), prompt, params, prompt_ids, api, adapter,
+            tuple(images), written_ids,
+        )  # fmt: skip
 
     def _encode(self, prompt: str, add_special_tokens: bool) -> list[int]:
         limits = self.limits

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from ..common.model_repository import (
     TemplateError,
     parse_config,
 )
-from ..common.model_store import ENGINES, REPOSITORY, TOKENIZER, read_manifest
+from ..common.model_store import ENGINES, REPOSITORY, TOKENIZER, read_manifest, vision_record
 from ..common.tokenization import load_tokenizer
 from ..settings import Settings, load_settings
 from ..triton.client import TritonLLMClient
@@ -30,6 +31,7 @@ from ..triton.sharing import SharedTriton
 from ..triton.supervisor import ServerState, TritonSupervisor
 from ..triton.watchdog import StallWatchdog
 from .chat.core import check_parser_names
+from .chat.images import Vision, media_limits
 from .generation import EngineLimits, Generator
 from .metrics import generation_metrics
 from .run_dir import make_run_dir
@@ -113,6 +115,7 @@ class LLMRuntime:
         self._run_dir: Path | None = None
         self._winding_down = False
         self._watchdog: asyncio.Task[None] | None = None
+        self.vision: Vision | None = None  # the model's image side, once started
 
     @property
     def served_model_name(self) -> str:
@@ -125,6 +128,28 @@ class LLMRuntime:
         packed = self.manifest.get("engine") or self.manifest.get("checkpoint") or {}
         found = packed.get("quantization") if isinstance(packed, dict) else None
         return found if isinstance(found, dict) else None
+
+    @property
+    def vision_record(self) -> dict[str, Any] | None:
+        """What pack_model.py recorded of a model that takes images (None: text only)."""
+        return vision_record(self.manifest)
+
+    @property
+    def images_unsupported(self) -> str | None:
+        """Why this model takes no images (None: it does): a text-only model, or an engine
+        workflow whose C++ backend the service cannot hand images to."""
+        if self.vision_record is None:
+            return (
+                "this model does not take images: serve a vision-language model (pack_model.py "
+                "--checkpoint or --hf-model with an image-text-to-text checkpoint) or send text"
+            )
+        if self.engine is not None and self.engine.kind == "tensorrt_llm":
+            return (
+                "images are not served by TensorRT-LLM engines (the C++ backend takes no "
+                "images from this service): pack the checkpoint for the LLM API workflow, "
+                "pack_model.py --checkpoint DIR"
+            )
+        return None
 
     @property
     def generator(self) -> Generator:
@@ -167,6 +192,8 @@ class LLMRuntime:
         try:
             await asyncio.to_thread(triton.start)
             tokenizer = await tokenizer_loading
+            if self.images_unsupported is None:
+                self.vision = await asyncio.to_thread(self._load_vision)
         except BaseException:
             tokenizer_loading.cancel()
             await asyncio.to_thread(triton.stop)
@@ -246,6 +273,18 @@ class LLMRuntime:
                 "workflow, pack_model.py --workflow llmapi)"
             )
         return None
+
+    def _load_vision(self) -> Vision:
+        """The model's processor (stored with its tokenizer) and the image limits."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoProcessor
+
+        record = self.vision_record
+        assert record is not None
+        processor = AutoProcessor.from_pretrained(
+            str(self.model_root / TOKENIZER), local_files_only=True
+        )
+        return Vision(processor, media_limits(self.settings), record)
 
     def _load_tokenizer(self, guided: bool) -> PreTrainedTokenizerBase:
         """The stored tokenizer; with `guided`, xgrammar imported as well.

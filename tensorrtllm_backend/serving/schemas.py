@@ -142,6 +142,12 @@ class GenerateRequest(SamplingParams):
     lora: str | None = Field(
         None, max_length=128, description="Name of a LoRA adapter packed with the model."
     )
+    images: list[str] | None = Field(
+        None,
+        description="Images for a model that takes them: data: URIs (or http(s) URLs of "
+        "TRTLLM_ALLOWED_MEDIA_DOMAINS' hosts); the prompt holds the model's image token "
+        "(GET /v1/models: `image_token`) where each one stands.",
+    )
 
     @field_validator("prompt")
     @classmethod

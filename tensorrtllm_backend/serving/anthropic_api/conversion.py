@@ -21,6 +21,7 @@ from ..chat.request import ChatRequest
 from ..request_errors import RequestError
 from .protocol import (
     CountTokensRequest,
+    ImageBlock,
     Message,
     MessagesRequest,
     TextBlock,
@@ -62,7 +63,9 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
                     converted.append(
                         {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()}
                     )
-            if text or not any(isinstance(block, ToolResultBlock) for block in blocks):
+            if any(isinstance(block, ImageBlock) for block in blocks):
+                converted.append({"role": "user", "content": chat_parts(blocks)})
+            elif text or not any(isinstance(block, ToolResultBlock) for block in blocks):
                 converted.append({"role": "user", "content": text})
             continue
         assistant: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -84,6 +87,17 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
     if systems:
         converted.insert(0, {"role": "system", "content": "\n\n".join(systems)})
     return converted
+
+
+def chat_parts(blocks: list[Any]) -> list[dict[str, Any]]:
+    """A user message's text and images as OpenAI's content parts, in their order."""
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append({"type": "image_url", "image_url": {"url": block.source.url_of()}})
+    return parts
 
 
 def offered_tools(request: CountTokensRequest) -> list[Tool]:

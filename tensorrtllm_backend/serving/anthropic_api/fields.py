@@ -11,8 +11,9 @@ MESSAGES_FIELDS = rules.FieldTable(
         rules.SERVED_MODEL,
         rules.mapped(
             "messages",
-            "text, tool_use, tool_result and thinking blocks; system messages "
-            "join the system message",
+            "text, tool_use, tool_result and thinking blocks, and image blocks (base64, or a "
+            "url of TRTLLM_ALLOWED_MEDIA_DOMAINS' hosts) for a model that takes images; "
+            "system messages join the system message",
             None,
         ),
         rules.mapped("system", "the system message, first", "Be brief."),

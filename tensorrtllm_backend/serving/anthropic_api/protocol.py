@@ -2,8 +2,8 @@
 `POST /v1/messages/count_tokens`).
 
 Strict types, as on the OpenAI API. Content blocks are read by their type: text, tool_use,
-tool_result and thinking make the conversation; images, documents and server tools (web search,
-code execution, MCP servers...) are a 400 naming them. `cache_control` marks are accepted and
+tool_result, thinking and images (for a model that takes them) make the conversation; documents
+and server tools (web search, code execution, MCP servers...) are a 400 naming them. `cache_control` marks are accepted and
 change nothing (prompt caching is the engine's KV-cache reuse, which needs no marks).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..schemas import MAX_STOP_WORDS, MAX_WORD_CHARS
 from .fields import MESSAGES_FIELDS
@@ -82,13 +82,42 @@ class RedactedThinkingBlock(AnthropicModel):
     data: str
 
 
+class ImageSource(AnthropicModel):
+    """An image's bytes (base64, with their media type) or its URL."""
+
+    type: Literal["base64", "url"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"] | None = None
+    data: str | None = None
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> ImageSource:
+        if self.type == "base64" and (self.media_type is None or not self.data):
+            raise ValueError("a base64 image source needs media_type and data")
+        if self.type == "url" and not self.url:
+            raise ValueError("a url image source needs url")
+        return self
+
+    def url_of(self) -> str:
+        """The image as a URL: its own, or a data: URI of its bytes."""
+        if self.type == "url":
+            return str(self.url)
+        return f"data:{self.media_type};base64,{self.data}"
+
+
+class ImageBlock(AnthropicModel):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: dict[str, Any] | None = None
+
+
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 
 
-BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 class Message(AnthropicModel):
@@ -103,8 +132,8 @@ class Message(AnthropicModel):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind not in BLOCK_TYPES:
                 raise ValueError(
-                    f"content blocks of type {kind!r} are not supported here (this model reads "
-                    f"text: {', '.join(BLOCK_TYPES)})"
+                    f"content blocks of type {kind!r} are not supported here (this server reads "
+                    f"{', '.join(BLOCK_TYPES)})"
                 )
         return content
 

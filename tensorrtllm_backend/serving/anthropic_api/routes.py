@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..chat.core import OFF_LOOP
 from ..web.endpoints import Endpoints, create_endpoint
 from .messages import MessagesServing
 from .protocol import CountTokensRequest, MessagesRequest
@@ -24,10 +25,11 @@ def messages_routes(endpoints: Endpoints) -> list[Route]:
 
     async def count_tokens(request: Request) -> Response:
         server = current()
-        parsed, size = await endpoints.parse(request, server.core, CountTokensRequest)
+        parsed, _size = await endpoints.parse(request, server.core, CountTokensRequest)
         assert isinstance(parsed, CountTokensRequest)
         offloader = server.core.generator.offloader
-        return JSONResponse(await offloader.run(size, server.count_tokens, parsed))
+        # Off the loop whatever the size: messages may hold image URLs to fetch.
+        return JSONResponse(await offloader.run(OFF_LOOP, server.count_tokens, parsed))
 
     return [
         Route("/messages", handler(create), methods=["POST"]),

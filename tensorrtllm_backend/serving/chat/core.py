@@ -17,12 +17,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from ...common.guides import GuideError
+from ...common.media import LoadedImage
 from ..errors import validation_message
 from ..generation import Generator, PreparedRequest
 from ..ids import new_request_id
+from ..offload import INLINE_MAX_CHARS
 from ..request_errors import RequestError
 from ..schemas import MAX_RETURN_SEQUENCES, GuidedDecoding, SamplingParams
 from .answer import ChatPlan, ReasoningPlan
+from .images import ImagePrompt, ImageRef, Vision, image_refs
 from .output_format import output_constraint
 from .reasoning import REASONING_FORMATS, Opening, reasoning_format
 from .reasoning_guides import guide_after_reasoning
@@ -33,6 +36,7 @@ from .tools import ToolPlan, history_message, plan_tools
 # The share of max_tokens the thinking may take at each reasoning effort (no cap above these).
 EFFORT_BUDGET_SHARE = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 0.5}
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's and Anthropic's: a request without one samples
+OFF_LOOP = INLINE_MAX_CHARS + 1  # an offloader size that always runs off the event loop
 CHAT_MAX_TOKENS_CAP = 4096  # chat without max_tokens: the engine's room, at most this
 # The fields of the engine's length checks: their refusals are OpenAI's context_length_exceeded.
 _CONTEXT_PARAMS = ("prompt", "max_tokens")
@@ -81,15 +85,20 @@ class ChatCore:
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
         quantization: dict[str, Any] | None = None,
+        vision: Vision | None = None,
+        images_unsupported: str = "this model does not take images: send text only",
     ) -> None:
         """`tool_parser`: the model's tool-call format by name (TRTLLM_TOOL_PARSER); None: read
         from its chat template; "none": no tool calls are parsed. `reasoning_parser` likewise
         names how the model marks its thinking (TRTLLM_REASONING_PARSER). `stream_interval`: SSE
-        events per HTTP message after the first."""
+        events per HTTP message after the first. `vision`: the model's image side (None: it
+        takes no images, and a request with one is refused with `images_unsupported`)."""
         self.generator = generator
         self.model_name = model_name
         self.stream_interval = stream_interval
         self.quantization = quantization  # as packed: shown in /v1/models
+        self.vision = vision
+        self.images_unsupported = images_unsupported
         template = getattr(generator.tokenizer, "chat_template", None)
         texts = template.values() if isinstance(template, dict) else [template or ""]
         self.template_renders_tools = any("tools" in text for text in texts)
@@ -210,7 +219,8 @@ class ChatCore:
             )
         tools = plan.template_tools() if plan is not None else None
         try:
-            messages = [history_message(m) for m in request.messages]
+            images = self.vision is not None
+            messages = [history_message(m, images) for m in request.messages]
         except ValueError as error:
             raise RequestError(str(error), param="messages") from None
         import jinja2
@@ -237,8 +247,39 @@ class ChatCore:
         return plan_tools(request, self.tool_format, self.template_renders_tools)
 
     def prompt_tokens(self, request: ChatRequest) -> int:
-        """The tokens of a chat request's prompt (blocking)."""
-        return self.count_tokens(self.render(request, self.plan_tools(request)))
+        """The tokens of a chat request's prompt, its images' included (blocking)."""
+        prompt = self.render(request, self.plan_tools(request))
+        images = self.load_images(request)
+        if images:
+            assert self.vision is not None
+            return len(self.vision.prompt_ids(prompt, images).expanded)
+        return self.count_tokens(prompt)
+
+    async def prompt_images(
+        self, prompt: str, urls: list[str]
+    ) -> tuple[ImagePrompt, list[LoadedImage]]:
+        """A text prompt's images (the native API's `images`), read and placed: the prompt's
+        token ids (each image token the prompt holds expanded, and as written) and the
+        images."""
+        refs = [ImageRef(f"images[{i}]", url) for i, url in enumerate(urls)]
+        if self.vision is None:
+            raise RequestError(self.images_unsupported, param="images")
+        vision = self.vision
+        images = await self.generator.offloader.run(OFF_LOOP, vision.load, refs)
+        ids = await self.generator.offloader.run(
+            OFF_LOOP, vision.prompt_ids, prompt, images, "prompt"
+        )
+        return ids, images
+
+    def load_images(self, request: ChatRequest) -> list[LoadedImage]:
+        """The request's images, read and checked (blocking); a 400 naming the first image part
+        when this model takes none."""
+        refs = image_refs(request.messages)
+        if not refs:
+            return []
+        if self.vision is None:
+            raise RequestError(self.images_unsupported, param=refs[0].where)
+        return self.vision.load(refs)
 
     async def prepare(
         self,
@@ -275,7 +316,15 @@ class ChatCore:
             guide, guide_param = plan.guide, "tools"
         elif constraint is not None and plan.parses_calls:
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
+        # Images are fetched and decoded off the event loop, whatever the body's size.
+        images = await self.generator.offloader.run(OFF_LOOP, self.load_images, request)
         prompt = await self.generator.offloader.run(size, self.render, request, plan)
+        ids = None
+        if images:
+            assert self.vision is not None
+            ids = await self.generator.offloader.run(
+                OFF_LOOP, self.vision.prompt_ids, prompt, images
+            )
         reasoning = self._reasoning(prompt)
         if (
             guide is not None
@@ -287,7 +336,8 @@ class ChatCore:
         # The template already holds the special tokens (BOS) the model expects.
         prepared = await self.admit(
             request, prompt, params, guide_param, api, size,
-            add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP,
+            add_special_tokens=False, max_tokens_cap=CHAT_MAX_TOKENS_CAP, images=images,
+            token_ids=ids.expanded if ids else None, written_ids=ids.written if ids else None,
         )  # fmt: skip
         budget = None
         if reasoning is not None and reasoning.opening is not Opening.CONTENT and guide is None:

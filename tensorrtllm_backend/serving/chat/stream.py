@@ -172,13 +172,16 @@ async def _budgeted_steps(
     if marker:
         yield AnswerStep(0, "", reader.feed(marker))  # the thinking ends here
     tokenizer = generator.tokenizer
+    continued = [*token_ids, *tokenizer.encode(marker, add_special_tokens=False)]
     rest = PreparedRequest(
         new_request_id(),
         prepared.prompt + "".join(texts) + marker,
         params.model_copy(update={"max_tokens": params.max_tokens - used}),
-        [*prepared.prompt_ids, *token_ids, *tokenizer.encode(marker, add_special_tokens=False)],
+        [*prepared.prompt_ids, *continued],
         prepared.api,
         prepared.lora,
+        prepared.images,  # the continuation's prompt holds them too
+        None if prepared.written_ids is None else [*prepared.written_ids, *continued],
     )
     async with aclosing(_steps(generator, rest, plan, cancelled, [reader])) as steps:
         async for step in steps:

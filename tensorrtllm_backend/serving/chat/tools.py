@@ -21,6 +21,7 @@ from ..ids import new_id
 from ..request_errors import RequestError
 from ..schemas import GuidedDecoding
 from .events import ArgumentsDelta, CallStart, ContentDelta, Event
+from .images import IMAGE_PART, template_content
 from .output_format import make_guide
 from .request import ChatRequest, NamedToolChoice, Tool, ToolCall, ToolCallFunction
 from .tool_parsers import JSON_CALLS, ToolCallFormat, ToolCallParser
@@ -143,10 +144,17 @@ def _json_schema_guide(schema: dict[str, Any], param: str) -> GuidedDecoding:
     return make_guide("json_schema", json.dumps(schema), param)
 
 
-def history_message(message: Any) -> dict[str, Any]:
+def history_message(message: Any, images: bool = False) -> dict[str, Any]:
     """A chat message as chat templates take it: assistant tool calls with their arguments as
-    objects (what templates render with `tojson`), tool results with their call id."""
-    rendered: dict[str, Any] = {"role": message.role, "content": message.text()}
+    objects (what templates render with `tojson`), tool results with their call id. With
+    `images` (a model that takes them), a message holding images keeps its parts, each image
+    as the template's image part."""
+    content = message.content
+    if images and isinstance(content, list) and any(p.get("type") == IMAGE_PART for p in content):
+        text: Any = template_content(content)
+    else:
+        text = message.text()
+    rendered: dict[str, Any] = {"role": message.role, "content": text}
     if message.name is not None:
         rendered["name"] = message.name
     if message.tool_call_id is not None:

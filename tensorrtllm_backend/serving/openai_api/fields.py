@@ -83,7 +83,9 @@ CHAT_FIELDS = rules.FieldTable(
         rules.honoured(
             "messages",
             "rendered by the model's chat template, tool calls and results "
-            "included; content parts of type text",
+            "included; content parts of type text, and image_url (a data: URI, or an http(s) "
+            "URL of TRTLLM_ALLOWED_MEDIA_DOMAINS' hosts; `detail` accepted, the size is the "
+            "model processor's) for a model that takes images",
             None,
         ),
         *_sampling(),

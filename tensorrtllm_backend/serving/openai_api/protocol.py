@@ -174,6 +174,8 @@ class ModelCard(BaseModel):
     owned_by: str = "bentotrtllm"
     # The packed model's quantization (algorithm, group size, KV-cache format), where it has one.
     quantization: dict[str, Any] | None = None
+    # A model that takes images: the token a native prompt marks each image's place with.
+    image_token: str | None = None
 
 
 class ModelList(BaseModel):

@@ -22,7 +22,10 @@ from .serving import OpenAIServing
 
 def card(core: ChatCore, name: str, created: int) -> ModelCard:
     """A served model's card: the base model's carries its quantization (its adapters too)."""
-    return ModelCard(id=name, created=created, quantization=core.quantization)
+    image_token = core.vision.image_token if core.vision is not None else None
+    return ModelCard(
+        id=name, created=created, quantization=core.quantization, image_token=image_token
+    )
 
 
 def build_openai_app(

@@ -99,7 +99,7 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
             if item.role in ("system", "developer"):
                 systems.append(item.text())
                 continue
-            messages.append({"role": item.role, "content": item.text()})
+            messages.append({"role": item.role, "content": item.chat_content()})
         else:
             if isinstance(item, CustomToolCallItem):  # offered as a function of one string
                 name, arguments = item.name, json.dumps({CUSTOM_INPUT: item.input})

@@ -12,7 +12,8 @@ RESPONSES_FIELDS = rules.FieldTable(
         rules.mapped(
             "input",
             "the conversation: messages, function calls and their outputs, "
-            "reasoning items; system and developer messages join the system message",
+            "reasoning items; system and developer messages join the system message; "
+            "input_image parts with image_url for a model that takes images (file_id: a 400)",
             None,
         ),
         rules.mapped("instructions", "the system message, first", "Be brief."),

@@ -12,7 +12,7 @@ Input items are read by their `type` (a message may leave it out): messages, `fu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -45,6 +45,28 @@ class TextPart(RequestModel):
         return (self.refusal if self.type == "refusal" else self.text) or ""
 
 
+class ImagePart(RequestModel):
+    """An image of a user message (`input_image`): a URL, a data: URI included; OpenAI's
+    stored files (`file_id`) are not here."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high", "original"] | None = None  # sizes are the model's
+
+    @model_validator(mode="after")
+    def _has_url(self) -> ImagePart:
+        if not self.image_url:
+            raise ValueError(
+                "input_image needs image_url (a data: URI, or an http(s) URL of an allowed "
+                "host); file_id names OpenAI's stored files, which this server does not have"
+            )
+        return self
+
+
+MessagePart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 def _joined(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(part.value() for part in content)
 
@@ -52,13 +74,30 @@ def _joined(content: str | list[TextPart]) -> str:
 class MessageItem(RequestModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
+    content: str | list[MessagePart]
     id: str | None = None
     status: str | None = None
     phase: str | None = None
 
     def text(self) -> str:
-        return _joined(self.content)
+        """The message's text (its images are the chat content's: :meth:`chat_content`)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.value() for part in self.content if isinstance(part, TextPart))
+
+    def chat_content(self) -> str | list[dict[str, Any]]:
+        """The content as a chat message's: its text, or OpenAI's parts where it holds an
+        image."""
+        if isinstance(self.content, str) or not any(
+            isinstance(part, ImagePart) for part in self.content
+        ):
+            return self.text()
+        return [
+            {"type": "image_url", "image_url": {"url": part.image_url}}
+            if isinstance(part, ImagePart)
+            else {"type": "text", "text": part.value()}
+            for part in self.content
+        ]
 
 
 class FunctionCallItem(RequestModel):

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...common.engine_api import EngineResult
+from ...common.media import LoadedImage
 from ..schemas import FinishReason, SamplingParams, TopLogProbs
 from ..translation import LoraTensors
 
@@ -68,6 +69,18 @@ class RouteRequest(Protocol):
     prompt: str
     params: SamplingParams
     prompt_ids: list[int]
+    images: tuple[LoadedImage, ...]
+    written_ids: list[int] | None
+
+
+def image_tensor(request: RouteRequest, batched: bool) -> dict[str, np.ndarray]:
+    """The `images` input of a request with images (their encoded bytes, as received and
+    checked): the direct route's CPU engine ([1, n], a batched model) and the llmapi model
+    ([n]) read it."""
+    if not request.images:
+        return {}
+    data = np.array([image.data for image in request.images], dtype=np.object_)
+    return {"images": data[None] if batched else data}
 
 
 class EngineRoute:
@@ -87,6 +100,11 @@ class EngineRoute:
     sends_lora_weights = True
     # Why this route cannot take a prompt as token ids (None: it can).
     no_token_prompts: str | None = None
+    # Why this route's model takes no images (None: they go as the `images` input, encoded).
+    no_images: str | None = (
+        "images go to the model's tensorrt_llm model with the prompt's token ids: serve this "
+        "model on the direct route (TRTLLM_ROUTE=direct) or pack it for the LLM API workflow"
+    )
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

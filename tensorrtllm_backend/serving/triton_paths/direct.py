@@ -26,7 +26,15 @@ from ..translation import (
     sampling_tensors,
     scalar,
 )
-from .base import Decoded, EngineRoute, Route, RouteRequest, StepDecoder, output_int
+from .base import (
+    Decoded,
+    EngineRoute,
+    Route,
+    RouteRequest,
+    StepDecoder,
+    image_tensor,
+    output_int,
+)
 
 REUSED_BLOCKS = "kv_cache_reused_blocks"
 
@@ -116,6 +124,7 @@ class DirectRoute(EngineRoute):
 
     route = Route.DIRECT
     model_name = "tensorrt_llm"
+    no_images = None  # whether the engine takes them is the model's (the runtime checks)
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(tokenizer)
@@ -133,6 +142,7 @@ class DirectRoute(EngineRoute):
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         params = request.params
         tensors = direct_tensors(params, self.token_ids(request), lora)
+        tensors.update(image_tensor(request, batched=True))
         outputs = direct_outputs(params)
         if self.tokens_per_block:
             # The C++ backend reports the KV-cache blocks a request reused with its perf metrics.

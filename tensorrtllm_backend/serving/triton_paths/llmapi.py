@@ -18,7 +18,7 @@ import numpy as np
 
 from ..schemas import SamplingParams
 from ..translation import LoraTensors, engine_stop_words, optional_outputs, sampling_tensors
-from .base import EngineRoute, Route, RouteRequest
+from .base import EngineRoute, Route, RouteRequest, image_tensor
 from .direct import DirectRoute
 
 CACHED_TOKENS = "cached_tokens"  # prompt tokens the LLM API found in its KV cache
@@ -92,7 +92,10 @@ class LlmapiRoute(DirectRoute):
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         params = request.params
         outputs = ["output_ids", *optional_outputs(params), CACHED_TOKENS]
-        return llmapi_tensors(params, request.prompt_ids, lora), outputs
+        # Images: the LLM API's input processor expands each placeholder itself.
+        ids = request.written_ids if request.images and request.written_ids else request.prompt_ids
+        tensors = llmapi_tensors(params, ids, lora)
+        return {**tensors, **image_tensor(request, batched=False)}, outputs
 
     def score_inputs(self, request: RouteRequest, k: int) -> tuple[str, dict[str, np.ndarray]]:
         """The llmapi model scores a prompt itself: one greedy token, with

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..chat.core import ChatCore
+from ..chat.core import OFF_LOOP, ChatCore
 from ..chat.request import ChatMessage, ChatRequest, RequestModel, Tool
 from ..request_errors import RequestError
 from ..web.endpoints import Endpoints
@@ -68,12 +68,20 @@ def tokenize(core: ChatCore, request: TokenizeRequest) -> dict[str, Any]:
         )
         text = core.render(chat, core.plan_tools(chat))
         special = bool(request.add_special_tokens)
+        images = core.load_images(chat)
+        if images:  # each image's tokens counted, as the model sees them
+            assert core.vision is not None
+            return _counted(core, core.vision.prompt_ids(text, images).expanded, request)
     else:
         assert request.prompt is not None
         text = request.prompt
         special = request.add_special_tokens is not False
+    ids = list(core.generator.tokenizer.encode(text, add_special_tokens=special))
+    return _counted(core, ids, request)
+
+
+def _counted(core: ChatCore, ids: list[int], request: TokenizeRequest) -> dict[str, Any]:
     tokenizer = core.generator.tokenizer
-    ids = list(tokenizer.encode(text, add_special_tokens=special))
     return {
         "count": len(ids),
         "max_model_len": core.generator.limits.max_seq_len,
@@ -101,7 +109,9 @@ def tokenize_routes(endpoints: Endpoints) -> list[Route]:
         core = endpoints.core()
         parsed, size = await endpoints.parse(request, core, TokenizeRequest)
         assert isinstance(parsed, TokenizeRequest)
-        return JSONResponse(await core.generator.offloader.run(size, tokenize, core, parsed))
+        # Messages off the loop whatever their size: they may hold image URLs to fetch.
+        cost = OFF_LOOP if parsed.messages else size
+        return JSONResponse(await core.generator.offloader.run(cost, tokenize, core, parsed))
 
     async def detokenize_endpoint(request: Request) -> Response:
         core = endpoints.core()

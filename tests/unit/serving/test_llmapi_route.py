@@ -116,6 +116,8 @@ def test_the_route_asks_for_the_models_cached_tokens(demo_tokenizer) -> None:
         prompt = "Hi"
         params = SamplingParams(return_log_probs=True, top_log_probs=2)
         prompt_ids = [1, 2]
+        images = ()
+        written_ids = None
 
     tensors, outputs = LlmapiRoute(demo_tokenizer).inputs(Request(), None)
     assert outputs == [

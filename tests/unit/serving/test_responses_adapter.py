@@ -77,7 +77,8 @@ def test_a_call_without_a_message_before_it_is_an_assistant_message_of_its_own()
     ("items", "param"),
     [
         ([{"type": "web_search_call", "id": "x"}], "input[0].type"),
-        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input[0]"),
+        ([{"role": "user", "content": [{"type": "input_image", "file_id": "x"}]}], "input[0]"),
+        ([{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}], "input[0]"),
         ([{"type": "function_call_output", "output": "x"}], "input[0].call_id"),
     ],
 )
