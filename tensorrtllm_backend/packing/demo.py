@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 CORPUS = Path(__file__).with_name("corpus.txt")
 VOCAB_SIZE = 2048
@@ -126,25 +127,34 @@ DEMO_SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
-    """Write tokenizer + random-weight Llama (safetensors) into out_dir, deterministically.
-    Returns out_dir. Sizes other than tiny are stored in bf16 (half the bytes to write)."""
-    if size not in DEMO_SIZES:
-        raise ValueError(f"demo size {size!r}: choose one of {', '.join(DEMO_SIZES)}")
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def demo_tokenizer(tokenizer: Any, **extra: Any) -> Any:
+    """The demo's trained tokenizer as transformers' PreTrainedTokenizerFast (its special tokens,
+    left padding, the demo's 2048 positions)."""
+    from transformers import PreTrainedTokenizerFast
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(),
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=None,
         padding_side="left",
         model_max_length=2048,
+        **extra,
     )
+
+
+def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
+    """Write tokenizer + random-weight Llama (safetensors) into out_dir, deterministically.
+    Returns out_dir. Sizes other than tiny are stored in bf16 (half the bytes to write)."""
+    if size not in DEMO_SIZES:
+        raise ValueError(f"demo size {size!r}: choose one of {', '.join(DEMO_SIZES)}")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tokenizer = demo_tokenizer(train_tokenizer())
     hf_tokenizer.chat_template = CHAT_TEMPLATE
     hf_tokenizer.save_pretrained(str(out))
     _readable_by_transformers_4(out, CHAT_TEMPLATE)
@@ -202,23 +212,13 @@ def build_demo_vlm_checkpoint(out_dir: Path) -> Path:
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
-        PreTrainedTokenizerFast,
     )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
     tokenizer.add_special_tokens([IMAGE_TOKEN])
-    hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        unk_token=None,
-        padding_side="left",
-        model_max_length=2048,
-        extra_special_tokens={"image_token": IMAGE_TOKEN},
-    )
+    hf_tokenizer = demo_tokenizer(tokenizer, extra_special_tokens={"image_token": IMAGE_TOKEN})
     hf_tokenizer.chat_template = VLM_CHAT_TEMPLATE
     image_token_id = hf_tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     config = LlavaConfig(

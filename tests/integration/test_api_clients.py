@@ -12,6 +12,8 @@ booleans) are what makes its answers checkable; free text is checked for shape o
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,6 +32,17 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT = 120.0
 MODEL = "trtllm-demo-clients"
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+TINY_PNG = _png()
 CITY = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
@@ -392,7 +405,19 @@ def test_errors_are_anthropics(claude: anthropic.Anthropic) -> None:
         claude.messages.create(
             model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [image]}]
         )
-    assert "'image' are not supported" in caught.value.body["error"]["message"]
+    assert "needs media_type and data" in caught.value.body["error"]["message"]
+    image["source"]["data"] = base64.b64encode(TINY_PNG).decode()
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [image]}]
+        )
+    assert "does not take images" in caught.value.body["error"]["message"]
+    document = {"type": "document", "source": {"type": "text", "data": "x"}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [document]}]
+        )
+    assert "'document' are not supported" in caught.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError, match="server tools"):
         claude.messages.create(
             model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "x"}],

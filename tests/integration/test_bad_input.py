@@ -182,6 +182,12 @@ OPENAI_CASES = [
     *_openai(
         "image-content",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "does not take images",
+        chat=True,
+    ),  # fmt: skip
+    *_openai(
+        "audio-content",
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
         "not supported",
         chat=True,
     ),  # fmt: skip

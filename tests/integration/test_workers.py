@@ -159,7 +159,7 @@ def test_a_worker_takes_over_when_the_owner_dies(two_workers: BentoServer) -> No
     if new_owner.pid == survivor.pid:
         # Logged once every model is loaded, which may be after the engine already serves.
         line = f"this worker (pid {survivor.pid}) took over"
-        assert wait_for(lambda: line in server.log(), timeout=60), server.log()[-3000:]
+        assert wait_for(lambda: line in server.log(), timeout=180), server.log()[-3000:]
     assert _generate_many(server.url, 16) == [8] * 16
 
     tritons = server.tritons()

@@ -123,7 +123,8 @@ BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted
 class Message(AnthropicModel):
     # Claude Code puts system messages among the others (its environment, reminders).
     role: Literal["user", "assistant", "system"]
-    content: str | list[Block]
+    # Blocks first: a block's own error is what a refusal quotes, not the string branch's.
+    content: list[Block] | str
 
     @field_validator("content", mode="before")
     @classmethod

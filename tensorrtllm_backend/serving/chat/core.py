@@ -25,7 +25,7 @@ from ..offload import INLINE_MAX_CHARS
 from ..request_errors import RequestError
 from ..schemas import MAX_RETURN_SEQUENCES, GuidedDecoding, SamplingParams
 from .answer import ChatPlan, ReasoningPlan
-from .images import ImagePrompt, ImageRef, Vision, image_refs
+from .images import ImagePrompt, ImageRef, Vision, first_image, image_refs
 from .output_format import output_constraint
 from .reasoning import REASONING_FORMATS, Opening, reasoning_format
 from .reasoning_guides import guide_after_reasoning
@@ -274,12 +274,13 @@ class ChatCore:
     def load_images(self, request: ChatRequest) -> list[LoadedImage]:
         """The request's images, read and checked (blocking); a 400 naming the first image part
         when this model takes none."""
-        refs = image_refs(request.messages)
-        if not refs:
-            return []
         if self.vision is None:
-            raise RequestError(self.images_unsupported, param=refs[0].where)
-        return self.vision.load(refs)
+            where = first_image(request.messages)
+            if where is not None:
+                raise RequestError(self.images_unsupported, param=where)
+            return []
+        refs = image_refs(request.messages)
+        return self.vision.load(refs) if refs else []
 
     async def prepare(
         self,

@@ -43,6 +43,16 @@ def media_limits(settings: Settings) -> MediaLimits:
     )
 
 
+def first_image(messages: Sequence[Any]) -> str | None:
+    """Where a conversation's first image part stands (None: it has none)."""
+    for m, message in enumerate(messages):
+        if isinstance(message.content, list):
+            for p, part in enumerate(message.content):
+                if part.get("type") == IMAGE_PART:
+                    return f"messages[{m}].content[{p}]"
+    return None
+
+
 def image_refs(messages: Sequence[Any]) -> list[ImageRef]:
     """The image parts of a conversation, in order (a 400 for one without a URL)."""
     found = []

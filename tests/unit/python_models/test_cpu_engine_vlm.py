@@ -52,6 +52,20 @@ def run(backend: HFBackend, requests: list) -> list:
         scheduler.stop()
 
 
+def refusal(backend: HFBackend, request: tuple) -> str:
+    """The error a request fails with on this backend."""
+    req, sink = request
+    scheduler = Scheduler(backend, max_batch_size=2)
+    scheduler.start()
+    try:
+        scheduler.submit(req)
+        assert sink.done.wait(60)
+    finally:
+        scheduler.stop()
+    assert sink.error is not None
+    return sink.error
+
+
 def prompt_with(processor, images: list[bytes]) -> tuple[list[int], dict]:
     """The chat prompt of one user turn with these images, expanded, and the processor's
     tensors (the reference's input)."""
@@ -109,15 +123,8 @@ def test_a_prompt_whose_image_tokens_do_not_fit_its_images_is_refused(
 ) -> None:
     backend = HFBackend(checkpoint, num_threads=1, device="cpu")
     ids, _ = prompt_with(processor, [png((1, 2, 3))])
-    request, sink = make_request(ids, 2, images=[png((1, 2, 3)), png((4, 5, 6))])
-    scheduler = Scheduler(backend, max_batch_size=2)
-    scheduler.start()
-    try:
-        scheduler.submit(request)
-        assert sink.done.wait(60)
-    finally:
-        scheduler.stop()
-    assert sink.error is not None and "image tokens" in sink.error
+    error = refusal(backend, make_request(ids, 2, images=[png((1, 2, 3)), png((4, 5, 6))]))
+    assert "image tokens" in error
 
 
 def test_the_prefix_cache_never_matches_across_images(checkpoint, processor) -> None:
@@ -144,12 +151,6 @@ def test_the_prefix_cache_never_matches_across_images(checkpoint, processor) -> 
 def test_an_engine_without_images_refuses_them(demo_checkpoint) -> None:
     backend = HFBackend(demo_checkpoint, num_threads=1, device="cpu")
     assert not backend.takes_images
-    request, sink = make_request([1, 5, 6], 2, images=[png((1, 2, 3))])
-    scheduler = Scheduler(backend, max_batch_size=2)
-    scheduler.start()
-    try:
-        scheduler.submit(request)
-        assert sink.done.wait(60)
-    finally:
-        scheduler.stop()
-    assert sink.error is not None and "takes no images" in sink.error
+    assert "takes no images" in refusal(
+        backend, make_request([1, 5, 6], 2, images=[png((1, 2, 3))])
+    )
