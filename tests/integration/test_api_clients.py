@@ -219,7 +219,7 @@ async def test_a_response_in_progress_can_be_cancelled(server: BentoServer) -> N
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "apply_patch"}]}, "tools[0].type"),
+        ({"tool_choice": {"type": "local_shell"}}, "tool_choice"),
         ({"background": True}, "background"),
         ({"input": [{"type": "input_image_call"}]}, "input[0].type"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),

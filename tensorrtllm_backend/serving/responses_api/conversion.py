@@ -1,6 +1,8 @@
 """A Responses request as the chat core's request: instructions as the system message, input
-items and the stored conversation of `previous_response_id` as the messages, function tools,
-`text.format` as response_format; every refusal names the Responses field."""
+items and the stored conversation of `previous_response_id` as the messages, function tools (and
+the tools offered as functions: namespaces, custom tools, the client-executed built-ins of
+:mod:`.client_tools`), `text.format` as response_format; every refusal names the Responses
+field."""
 
 from __future__ import annotations
 
@@ -15,9 +17,19 @@ from ..chat.request import ChatRequest
 from ..errors import validation_message
 from ..ids import new_id
 from ..request_errors import RequestError
+from .client_tools import (
+    CLIENT_TOOLS,
+    FORCEABLE,
+    history_call,
+    offered_function,
+    output_text,
+    runs_on_openai,
+)
 from .protocol import (
     HOSTED_TOOLS,
     ITEM_TYPES,
+    ClientCallItem,
+    ClientOutputItem,
     CustomTool,
     CustomToolCallItem,
     FunctionCallOutputItem,
@@ -53,7 +65,8 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
         if model is None:
             raise RequestError(
                 f"{where}[{position}]: items of type {kind!r} are not supported here (messages, "
-                "function and custom tool calls, their outputs, and reasoning are)",
+                "reasoning, and the calls of function, custom, shell, local_shell and "
+                "apply_patch tools with their outputs are)",
                 param=f"{where}[{position}].type",
             )
         try:
@@ -74,6 +87,12 @@ def stored_item(item: InputItem) -> dict[str, Any]:
         "function_call": "fc",
         "reasoning": "rs",
         "custom_tool_call": "ctc",
+        "shell_call": "sh",
+        "local_shell_call": "lsh",
+        "apply_patch_call": "apc",
+        "shell_call_output": "sho",
+        "local_shell_call_output": "lsho",
+        "apply_patch_call_output": "apco",
     }
     prefix = prefixes.get(item.type, "fco")
     return {**item.model_dump(exclude_none=True, by_alias=True), "id": item.id or new_id(prefix)}
@@ -82,9 +101,9 @@ def stored_item(item: InputItem) -> dict[str, Any]:
 def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
     """The conversation as chat messages: the instructions and every system or developer message
     are the one system message, first (what chat templates take); function calls join the
-    assistant message before them (a namespace's function by its offered name), their outputs
-    are tool messages, and a reasoning item is the thinking of the assistant message after
-    it."""
+    assistant message before them (a namespace's function, a custom tool or a client-executed
+    built-in by the name it is offered under), their outputs are tool messages, and a reasoning
+    item is the thinking of the assistant message after it."""
     messages: list[dict[str, Any]] = []
     systems = [instructions] if instructions else []
     thinking = ""
@@ -95,6 +114,11 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
         if isinstance(item, FunctionCallOutputItem):  # a custom tool call's output too
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
             continue
+        if isinstance(item, ClientOutputItem):
+            messages.append(
+                {"role": "tool", "tool_call_id": item.call_id, "content": output_text(item)}
+            )
+            continue
         if isinstance(item, MessageItem):
             if item.role in ("system", "developer"):
                 systems.append(item.text())
@@ -103,6 +127,8 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
         else:
             if isinstance(item, CustomToolCallItem):  # offered as a function of one string
                 name, arguments = item.name, json.dumps({CUSTOM_INPUT: item.input})
+            elif isinstance(item, ClientCallItem):
+                name, arguments = history_call(item)
             else:
                 name, arguments = offered_name(item.namespace, item.name), item.arguments
             call = {
@@ -188,10 +214,10 @@ def chat_tools(
     tools: list[dict[str, Any]] | None, hosted: str = "omit", forced: str | None = None
 ) -> list[dict[str, Any]] | None:
     """The function tools the model is offered: function tools, the functions of namespace
-    tools under their offered names, and custom tools as functions of one string (`forced`:
-    the name of the tool a call is forced to). Tools that run on OpenAI's side are left out
-    with a log line (`hosted` "omit", TRTLLM_HOSTED_TOOLS) or refused ("reject"); other types
-    are refused."""
+    tools under their offered names, custom tools as functions of one string (`forced`: the
+    name of the tool a call is forced to), and the client-executed built-ins as functions of
+    their type's name. Tools that run on OpenAI's side are left out with a log line (`hosted`
+    "omit", TRTLLM_HOSTED_TOOLS) or refused ("reject"); other types are refused."""
     if tools is None:
         return None
     converted = []
@@ -207,6 +233,20 @@ def chat_tools(
         if kind in HOSTED_TOOLS and hosted == "omit":
             _omitted(str(kind))
             continue
+        if runs_on_openai(tool):
+            if hosted == "omit":
+                _omitted("shell (in a container)")
+                continue
+            raise RequestError(
+                f"tools[{position}]: a shell tool in one of OpenAI's containers runs on OpenAI's "
+                'side: send it without environment, or with {"type": "local"}, to run its '
+                "calls yourself (or leave it out with TRTLLM_HOSTED_TOOLS=omit)",
+                param=f"tools[{position}].environment",
+            )
+        if kind in CLIENT_TOOLS:
+            offered = offered_function(tool, f"tools[{position}]")
+            converted.append({"type": "function", "function": offered})
+            continue
         if kind == "custom":
             where = f"tools[{position}]"
             offered = _custom(tool, where, forced is not None and tool.get("name") == forced)
@@ -215,8 +255,9 @@ def chat_tools(
         if kind != "function":
             raise RequestError(
                 f"tools[{position}]: {kind!r} tools are not supported: this server runs the "
-                "model only, so it offers function, namespace and custom tools (tools that run "
-                "on OpenAI's side are left out with TRTLLM_HOSTED_TOOLS=omit)",
+                "model only, so it offers function, namespace and custom tools, and the "
+                "built-ins the client runs: shell, local_shell, apply_patch (tools that run on "
+                "OpenAI's side are left out with TRTLLM_HOSTED_TOOLS=omit)",
                 param=f"tools[{position}].type",
             )
         converted.append({"type": "function", "function": _function(tool, f"tools[{position}]")})
@@ -254,15 +295,20 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
         and "name" in choice
     ):
         return {"type": "function", "function": {"name": choice["name"]}}
+    if isinstance(choice, dict) and choice.get("type") in FORCEABLE:
+        return {"type": "function", "function": {"name": choice["type"]}}  # offered by its type
     kind = choice.get("type") if isinstance(choice, dict) else choice
     raise RequestError(
-        f"tool_choice {kind!r} is not supported: send none, auto, required or "
-        '{"type": "function", "name": ...}',
+        f"tool_choice {kind!r} is not supported: send none, auto, required, "
+        '{"type": "function" or "custom", "name": ...}, {"type": "shell"} or '
+        '{"type": "apply_patch"}',
         param="tool_choice",
     )
 
 
 def _forced_name(choice: str | dict[str, Any] | None) -> str | None:
+    if isinstance(choice, dict) and choice.get("type") in FORCEABLE:
+        return str(choice["type"])
     return choice.get("name") if isinstance(choice, dict) else None
 
 

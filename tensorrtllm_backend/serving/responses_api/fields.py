@@ -12,7 +12,9 @@ RESPONSES_FIELDS = rules.FieldTable(
         rules.mapped(
             "input",
             "the conversation: messages, function calls and their outputs, "
-            "reasoning items; system and developer messages join the system message; "
+            "reasoning items, custom tool calls, shell / local_shell / apply_patch calls and "
+            "their outputs (the tool messages); system and developer messages join the system "
+            "message; "
             "input_image parts with image_url for a model that takes images (file_id: a 400)",
             None,
         ),
@@ -23,11 +25,19 @@ RESPONSES_FIELDS = rules.FieldTable(
             "tools",
             "function tools; a namespace tool's functions as `namespace__name`; custom tools "
             "as functions of one string `input`, called back as custom_tool_call items (a regex "
-            "format enforced when forced); tools that run on OpenAI's side are left out "
-            "(TRTLLM_HOSTED_TOOLS=omit) or refused (reject)",
+            "format enforced when forced); the built-ins the client runs (shell, local_shell, "
+            "apply_patch) honoured as client-executed tools: each offered as a function of its "
+            "action's shape, called back as shell_call / local_shell_call / apply_patch_call "
+            "items; tools that run on OpenAI's side (a shell in OpenAI's container too) are left "
+            "out (TRTLLM_HOSTED_TOOLS=omit) or refused (reject)",
             None,
         ),
-        rules.mapped("tool_choice", "as on chat completions: a guide for a forced call", None),
+        rules.mapped(
+            "tool_choice",
+            'as on chat completions: a guide for a forced call (also {"type": "shell"}, '
+            '{"type": "apply_patch"})',
+            None,
+        ),
         rules.honoured("parallel_tool_calls", "", True),
         rules.mapped("text", "text.format: a guide (json_object, json_schema)", None),
         rules.accepted(

@@ -1,6 +1,8 @@
 """A Responses answer's output items, built from its answer events, with the stream events that
 announce them in OpenAI's order: an item is added, its content part is added, its deltas follow,
-the text and the part are done, the item is done."""
+the text and the part are done, the item is done. A call of a client-executed built-in
+(:mod:`.client_tools`) is known once its arguments are whole: its item is added and done then,
+with no events between (OpenAI sends none for these items)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 from ..chat.parts import AnswerParts
 from ..ids import new_id
+from .client_tools import call_item
 from .conversion import CUSTOM_INPUT
 
 Event = tuple[str, dict[str, Any]]  # (type, payload without type and sequence number)
@@ -17,11 +20,12 @@ Event = tuple[str, dict[str, Any]]  # (type, payload without type and sequence n
 
 class OutputBuilder(AnswerParts[Event]):
     """Output items: a `reasoning` item for the thinking, a `message` for the text, a
-    `function_call` per call (a `custom_tool_call` for a custom tool); `items` is the output so
-    far. `namespaced`: offered name -> (namespace, function) of the functions of namespace tools,
+    `function_call` per call (a `custom_tool_call` for a custom tool, a `shell_call`,
+    `local_shell_call` or `apply_patch_call` for those built-ins); `items` is the output so far.
+    `namespaced`: offered name -> (namespace, function) of the functions of namespace tools,
     whose calls are reported with their namespace; `custom`: the custom tools' names;
     `summary`: reasoning items carry the thinking as their summary too; `seal`: they carry it
-    encrypted too (:mod:`.sealing`)."""
+    encrypted too (:mod:`.sealing`); `client`: the client-executed built-ins offered."""
 
     def __init__(
         self,
@@ -30,12 +34,15 @@ class OutputBuilder(AnswerParts[Event]):
         summary: bool = False,
         seal: Callable[[str], str] | None = None,
         custom: set[str] | None = None,
+        client: set[str] | None = None,
     ) -> None:
         super().__init__()
         self.items: list[dict[str, Any]] = items if items is not None else []
         self.status = "completed"  # of the items closed from now on
         self.namespaced = namespaced or {}
         self.custom = custom or set()
+        self.client = client or set()
+        self.held = ""  # the built-in whose call is open: its item waits for the whole arguments
         self.summary = summary
         self.seal = seal  # reasoning items carry their thinking sealed too
 
@@ -43,16 +50,16 @@ class OutputBuilder(AnswerParts[Event]):
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
 
     def opened(self, kind: str, name: str | None) -> Iterator[Event]:
+        if kind == "call" and name in self.client:
+            self.held = str(name)
+            return
         if kind == "call" and name in self.custom:
             item = {
                 "type": "custom_tool_call", "id": new_id("ctc"), "call_id": new_id("call"),
                 "name": name, "input": "", "status": "in_progress",
             }  # fmt: skip
         elif kind == "call":
-            item = {
-                "type": "function_call", "id": new_id("fc"), "call_id": new_id("call"),
-                "name": name, "arguments": "", "status": "in_progress",
-            }  # fmt: skip
+            item = _function_call(str(name))
             if name in self.namespaced:
                 item["namespace"], item["name"] = self.namespaced[name]
         elif kind == "thinking":
@@ -65,6 +72,9 @@ class OutputBuilder(AnswerParts[Event]):
                 "type": "message", "id": new_id("msg"), "role": "assistant",
                 "status": "in_progress", "content": [],
             }  # fmt: skip
+        yield from self._added(kind, item)
+
+    def _added(self, kind: str, item: dict[str, Any]) -> Iterator[Event]:
         self.items.append(item)
         yield "response.output_item.added", {"output_index": len(self.items) - 1, "item": item}
         if kind != "call":
@@ -73,6 +83,8 @@ class OutputBuilder(AnswerParts[Event]):
             }  # fmt: skip
 
     def grew(self, kind: str, text: str) -> Iterator[Event]:
+        if kind == "call" and self.held:
+            return  # its item is known once the arguments are whole
         if kind == "call" and self.items[-1]["type"] == "custom_tool_call":
             return  # its input is the arguments' one string: known once they are whole
         if kind == "call":
@@ -87,6 +99,9 @@ class OutputBuilder(AnswerParts[Event]):
             }  # fmt: skip
 
     def closed(self, kind: str, text: str) -> Iterator[Event]:
+        if kind == "call" and self.held:
+            yield from self._client_call(text)
+            return
         item, where = self.items[-1], self._where()
         if kind == "call" and item["type"] == "custom_tool_call":
             item["input"] = custom_input(text)
@@ -113,6 +128,23 @@ class OutputBuilder(AnswerParts[Event]):
         item["status"] = self.status
         yield "response.output_item.done", {"output_index": where["output_index"], "item": item}
 
+    def _client_call(self, arguments: str) -> Iterator[Event]:
+        """A built-in's call, whole: its item; arguments that do not fit the tool's shape are
+        the function call they are, as any malformed call is."""
+        name, self.held = self.held, ""
+        item = call_item(name, arguments)
+        if item is not None:
+            self.items.append(item)
+            index = len(self.items) - 1
+            added = {**item, "status": "in_progress"}
+            yield "response.output_item.added", {"output_index": index, "item": added}
+            yield "response.output_item.done", {"output_index": index, "item": item}
+            return
+        yield from self._added("call", _function_call(name))
+        if arguments:
+            yield from self.grew("call", arguments)
+        yield from self.closed("call", arguments)
+
     def finish(self, status: str) -> Iterator[Event]:
         """Close the open item, with the answer's status (completed or incomplete)."""
         self.status = status
@@ -137,6 +169,13 @@ def custom_input(arguments: str) -> str:
     if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
         return str(parsed[CUSTOM_INPUT])
     return arguments
+
+
+def _function_call(name: str) -> dict[str, Any]:
+    return {
+        "type": "function_call", "id": new_id("fc"), "call_id": new_id("call"), "name": name,
+        "arguments": "", "status": "in_progress",
+    }  # fmt: skip
 
 
 def _part(kind: str, text: str) -> dict[str, Any]:

@@ -7,7 +7,9 @@ them out, background runs, conversations, stored prompts. Bookkeeping fields (me
 are accepted and change nothing.
 
 Input items are read by their `type` (a message may leave it out): messages, `function_call`,
-`function_call_output` and `reasoning` items are the conversation; any other item type is a 400.
+`function_call_output`, `reasoning` items, custom tool calls and the calls of the client-executed
+built-in tools (`shell`, `local_shell`, `apply_patch`) with their outputs are the conversation;
+any other item type is a 400.
 """
 
 from __future__ import annotations
@@ -154,6 +156,118 @@ class CustomToolCallOutputItem(FunctionCallOutputItem):
     type: Literal["custom_tool_call_output"]  # type: ignore[assignment]
 
 
+# --- the client-executed built-in tools: their calls and outputs (:mod:`.client_tools`) -------
+
+
+class ShellAction(RequestModel):
+    commands: list[str]
+    timeout_ms: int | None = None
+    max_output_length: int | None = None
+
+
+class ShellCallItem(RequestModel):
+    """A call of the `shell` tool: command lines the client runs, in order."""
+
+    type: Literal["shell_call"]
+    call_id: str = Field(..., min_length=1)
+    action: ShellAction
+    id: str | None = None
+    status: str | None = None
+
+
+class ShellOutcome(RequestModel):
+    type: Literal["exit", "timeout"]
+    exit_code: int | None = None
+
+    @model_validator(mode="after")
+    def _exit_has_code(self) -> ShellOutcome:
+        if self.type == "exit" and self.exit_code is None:
+            raise ValueError('exit_code: an "exit" outcome needs its exit code')
+        return self
+
+
+class ShellOutput(RequestModel):
+    """What one command printed, and how it ended."""
+
+    stdout: str
+    stderr: str
+    outcome: ShellOutcome
+
+
+class ShellCallOutputItem(RequestModel):
+    type: Literal["shell_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: list[ShellOutput]
+    max_output_length: int | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class LocalShellAction(RequestModel):
+    type: Literal["exec"] = "exec"
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_ms: int | None = None
+    working_directory: str | None = None
+    user: str | None = None
+
+
+class LocalShellCallItem(RequestModel):
+    """A call of the `local_shell` tool: one command, as argv."""
+
+    type: Literal["local_shell_call"]
+    call_id: str = Field(..., min_length=1)
+    action: LocalShellAction
+    id: str | None = None
+    status: str | None = None
+
+
+class LocalShellCallOutputItem(RequestModel):
+    """OpenAI's reference names the call by this item's `id` (its SDK's type has no `call_id`);
+    OpenAI's guide sends `call_id`: either one names the call (`call_id` first)."""
+
+    type: Literal["local_shell_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _call_named_by_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "call_id" not in data and "id" in data:
+            return {**data, "call_id": data["id"]}
+        return data
+
+
+class PatchOperation(RequestModel):
+    type: Literal["create_file", "update_file", "delete_file"]
+    path: str
+    diff: str | None = None
+
+
+class ApplyPatchCallItem(RequestModel):
+    """A call of the `apply_patch` tool: one file created, updated or deleted."""
+
+    type: Literal["apply_patch_call"]
+    call_id: str = Field(..., min_length=1)
+    operation: PatchOperation
+    id: str | None = None
+    status: str | None = None
+
+
+class ApplyPatchCallOutputItem(RequestModel):
+    type: Literal["apply_patch_call_output"]
+    call_id: str = Field(..., min_length=1)
+    status: Literal["completed", "failed"]
+    output: str | None = None
+    id: str | None = None
+
+
+ClientCallItem = ShellCallItem | LocalShellCallItem | ApplyPatchCallItem
+ClientOutputItem = ShellCallOutputItem | LocalShellCallOutputItem | ApplyPatchCallOutputItem
+
+
 InputItem = (
     MessageItem
     | FunctionCallItem
@@ -161,6 +275,8 @@ InputItem = (
     | ReasoningItem
     | CustomToolCallItem
     | CustomToolCallOutputItem
+    | ClientCallItem
+    | ClientOutputItem
 )
 ITEM_TYPES: dict[str, type[InputItem]] = {
     "message": MessageItem,
@@ -169,6 +285,12 @@ ITEM_TYPES: dict[str, type[InputItem]] = {
     "reasoning": ReasoningItem,
     "custom_tool_call": CustomToolCallItem,
     "custom_tool_call_output": CustomToolCallOutputItem,
+    "shell_call": ShellCallItem,
+    "shell_call_output": ShellCallOutputItem,
+    "local_shell_call": LocalShellCallItem,
+    "local_shell_call_output": LocalShellCallOutputItem,
+    "apply_patch_call": ApplyPatchCallItem,
+    "apply_patch_call_output": ApplyPatchCallOutputItem,
 }
 
 
@@ -195,6 +317,34 @@ class CustomTool(RequestModel):
     name: str = Field(..., pattern=NAME_PATTERN)
     description: str | None = None
     format: CustomToolFormat | None = None
+
+
+class LocalSkill(RequestModel):
+    """A skill a local shell environment has: a folder of instructions the model may read."""
+
+    name: str
+    description: str
+    path: str
+
+
+class ShellEnvironment(RequestModel):
+    """Where a `shell` tool runs: the client's machine (`local`), or OpenAI's containers."""
+
+    type: Literal["local", "container_auto", "container_reference"]
+    skills: list[LocalSkill] | None = None
+
+
+class ShellTool(RequestModel):
+    type: Literal["shell"]
+    environment: ShellEnvironment | None = None
+
+
+class LocalShellTool(RequestModel):
+    type: Literal["local_shell"]
+
+
+class ApplyPatchTool(RequestModel):
+    type: Literal["apply_patch"]
 
 
 class TextFormat(RequestModel):

@@ -4,7 +4,7 @@ A request becomes the core's chat request (instructions as the system message, i
 the stored conversation of `previous_response_id` as the messages, function tools, `text.format`
 as response_format) and is prepared by :meth:`~..chat.core.ChatCore.prepare`: the same template,
 tool plan, output constraint, reasoning plan and engine checks as every chat API. The core's
-answer steps become output items (reasoning, message, function calls), streamed as OpenAI's
+answer steps become output items (reasoning, message, tool calls), streamed as OpenAI's
 events with sequence numbers or collected and rendered once (the request as a chat request:
 :mod:`.conversion`). Responses are stored
 (:mod:`.store`) unless `store` is false.
@@ -32,6 +32,7 @@ from ..offload import INLINE_MAX_CHARS
 from ..request_errors import RequestError
 from ..schemas import FinishReason
 from ..web.sse import named_event
+from .client_tools import client_tools
 from .conversion import (
     FIELDS,
     chat_request,
@@ -126,7 +127,9 @@ class ResponsesServing:
         sealed = "reasoning.encrypted_content" in (request.include or ())
         seal = self.seal.seal if sealed else None
         tools = request.tools
-        return OutputBuilder(run.output, namespaced(tools), summary, seal, custom_tools(tools))
+        return OutputBuilder(
+            run.output, namespaced(tools), summary, seal, custom_tools(tools), client_tools(tools)
+        )
 
     def _not_found(self, response_id: str, param: str | None = None) -> RequestError:
         keeps = (

@@ -102,7 +102,7 @@ def test_tools_and_tool_choices_become_the_chat_apis() -> None:
         chat_tools([TOOL, {"type": "web_search"}], hosted="reject")
     assert caught.value.param == "tools[1].type"
     with pytest.raises(RequestError) as caught:
-        chat_tools([{"type": "local_shell"}])
+        chat_tools([{"type": "not_a_tool"}])
     assert caught.value.param == "tools[0].type"
     with pytest.raises(RequestError, match="allowed_tools"):
         chat_tool_choice({"type": "allowed_tools", "mode": "auto", "tools": []})
