@@ -138,16 +138,16 @@ class LLMRuntime:
     def images_unsupported(self) -> str | None:
         """Why this model takes no images (None: it does): a text-only model, or an engine
         workflow whose C++ backend the service cannot hand images to."""
-        if self.vision_record is None:
-            return (
-                "this model does not take images: serve a vision-language model (pack_model.py "
-                "--checkpoint or --hf-model with an image-text-to-text checkpoint) or send text"
-            )
         if self.engine is not None and self.engine.kind == "tensorrt_llm":
             return (
                 "images are not served by TensorRT-LLM engines (the C++ backend takes no "
                 "images from this service): pack the checkpoint for the LLM API workflow, "
                 "pack_model.py --checkpoint DIR"
+            )
+        if self.vision_record is None:
+            return (
+                "this model does not take images: serve a vision-language model (pack_model.py "
+                "--checkpoint or --hf-model with an image-text-to-text checkpoint) or send text"
             )
         return None
 

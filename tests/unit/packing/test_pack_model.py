@@ -454,3 +454,10 @@ def test_synthetic_packs_without_a_checkpoint(name: str, capsys) -> None:
         assert (root / packing.TOKENIZER / "tokenizer.json").is_file()
         assert read_manifest(root)["route"] == "ensemble"
         assert model.info.metadata["engine_cpu_mode"] == "synthetic"
+
+
+def test_engines_answer_images_with_the_workflow_that_takes_them(packed: bentoml.Model) -> None:
+    from tensorrtllm_backend.serving.runtime import LLMRuntime
+
+    reason = LLMRuntime(Path(packed.path)).images_unsupported
+    assert reason is not None and "LLM API workflow" in reason and "--checkpoint" in reason
