@@ -15,9 +15,13 @@ Examples:
   python pack_model.py --demo --workflow llmapi     # the same checkpoint, llmapi model on CPU
   python pack_model.py --demo-vlm                   # tiny local LLaVA (images in), CPU engine
   python pack_model.py --demo-vlm --workflow llmapi # the same VLM, llmapi model on CPU
+  python pack_model.py --demo-vlm --demo-vlm-family qwen2-vl   # tiny local Qwen2-VL instead
   python pack_model.py --synthetic --workflow llmapi --itl-ms 5   # llmapi model, synthetic tokens
   python pack_model.py --hf-model ./my-checkpoint   # any local HF causal LM or VLM, CPU engine
   python pack_model.py --synthetic --itl-ms 20      # deterministic tokens, for load tests
+  python pack_model.py --checkpoint ./Llama-3.1-8B-Instruct --quantize fp8 --kv-cache-dtype fp8
+                                                    # ModelOpt FP8 at pack time, for the LLM API
+  python pack_model.py --demo --demo-size awq --quantize int4_awq   # INT4 AWQ on the CPU stand-in
 """
 
 from __future__ import annotations
@@ -51,11 +55,13 @@ from tensorrtllm_backend.settings import load_settings
 
 DEFAULT_NAMES = {
     "demo": "trtllm-demo", "demo-vlm": "trtllm-demo-vlm", "synthetic": "trtllm-synthetic",
-    "scripted": "trtllm-scripted",
+    "scripted": "trtllm-scripted", "demo-qwen2-vl": "trtllm-demo-qwen2-vl",
+    "demo-qwen2.5-vl": "trtllm-demo-qwen2.5-vl",
 }  # fmt: skip
 LLMAPI_DEMO_NAMES = {
     "demo": "trtllm-llmapi-demo", "demo-vlm": "trtllm-llmapi-demo-vlm",
-    "synthetic": "trtllm-llmapi-synthetic",
+    "synthetic": "trtllm-llmapi-synthetic", "demo-qwen2-vl": "trtllm-llmapi-demo-qwen2-vl",
+    "demo-qwen2.5-vl": "trtllm-llmapi-demo-qwen2.5-vl",
 }  # fmt: skip
 
 
@@ -189,10 +195,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cpu.add_argument(
         "--demo-size",
-        choices=["tiny", "1b"],
+        choices=["tiny", "awq", "1b"],
         default="tiny",
-        help="--demo: random-weight Llama size (1b: a 1B Llama's layer shapes, ~2 GB in bf16)",
+        help="--demo: random-weight Llama size (awq: hidden 128, MLP 256, layers INT4 AWQ's "
+        "128-wide blocks fit, for --quantize int4_awq/w4a8_awq; 1b: a 1B Llama's layer shapes, "
+        "~2 GB in bf16)",
     )
+    cpu.add_argument(
+        "--demo-vlm-family",
+        choices=["llava", "qwen2-vl", "qwen2.5-vl"],
+        default="llava",
+        help="--demo-vlm: which tiny VLM (llava: a CLIP tower before the demo Llama; qwen2-vl, "
+        "qwen2.5-vl: image tokens by the image's size, 3-D rotary positions)",
+    )
+
+    quantize = parser.add_argument_group(
+        "Quantization at pack time with NVIDIA ModelOpt (--hf-model, --checkpoint, --demo)"
+    )
+    quantize.add_argument(
+        "--quantize",
+        choices=["fp8", "int4_awq", "nvfp4", "w4a8_awq"],
+        help="quantize the full-precision checkpoint with ModelOpt, calibrated on --calib-data, "
+        "and pack its unified export (hf_quant_config.json). The CPU stand-in serves fp8, "
+        "int4_awq and w4a8_awq dequantized; nvfp4 needs TensorRT-LLM on Blackwell",
+    )
+    quantize.add_argument(
+        "--kv-cache-dtype",
+        choices=["fp8"],
+        help="with --quantize: the KV cache in FP8 too (kv_cache_quant_algo FP8)",
+    )
+    quantize.add_argument(
+        "--calib-data",
+        type=Path,
+        help="calibration text: a .txt file (samples: paragraphs) or .jsonl file (`text` "
+        "fields), or a folder of them; never downloaded (default: a short text shipped with "
+        "the project)",
+    )
+    quantize.add_argument("--calib-size", type=int, help="calibration samples (default: 64)")
 
     llmapi = parser.add_argument_group("LLM API workflow (--workflow llmapi)")
     llmapi.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (default: 1)")
@@ -292,8 +331,11 @@ def describe(pack: PackPlan) -> str:
 def _check_workflow(args: argparse.Namespace) -> None:
     if args.demo_vlm and args.demo_size != "tiny":
         raise PackError("--demo-size sizes --demo; the demo VLM comes in one size")
+    if args.demo_vlm_family != "llava" and not args.demo_vlm:
+        raise PackError("--demo-vlm-family picks the demo VLM: give it with --demo-vlm")
     if args.workflow == "llmapi" and args.scripted:
         raise PackError("--scripted is a CPU engine of the engine workflow: leave out --workflow")
+    _check_quantize(args)
     if args.workflow == "llmapi":
         if args.checkpoint is None and not (args.demo or args.demo_vlm or args.synthetic):
             raise PackError(
@@ -318,6 +360,31 @@ def _check_workflow(args: argparse.Namespace) -> None:
             "--tp, --pp, --gpus, --llm-arg and --llmapi-model belong to --workflow llmapi "
             "(leave out --workflow engine); engines carry their parallelism from trtllm-build"
         )
+
+
+def _check_quantize(args: argparse.Namespace) -> None:
+    """--quantize takes a full-precision Hugging Face checkpoint; what the CPU stand-in will
+    serve, in a format it dequantizes."""
+    if args.quantize is None:
+        if args.kv_cache_dtype or args.calib_data or args.calib_size is not None:
+            raise PackError("--kv-cache-dtype, --calib-data and --calib-size go with --quantize")
+        return
+    if not (args.hf_model or args.checkpoint or args.demo):
+        raise PackError(
+            "--quantize quantizes a Hugging Face checkpoint: --hf-model, --checkpoint or --demo "
+            "(engines are quantized by trtllm-build's checkpoint conversion)"
+        )
+    if args.quantize == "nvfp4" and args.checkpoint is None:
+        raise PackError(
+            "the CPU stand-in does not serve NVFP4 (ModelOpt's own NVFP4 fake quantization runs "
+            "on CUDA only: no reference to match on a CPU): pack it for TensorRT-LLM on a "
+            "Blackwell GPU with --checkpoint DIR --quantize nvfp4, or serve fp8, int4_awq or "
+            "w4a8_awq on the stand-in"
+        )
+    from tensorrtllm_backend.packing.quantize import FORMATS
+
+    # The target GPU's refusal before the calibration, not after it.
+    _check_gpu(Quantization(algorithm=FORMATS[args.quantize][1], source="--quantize"), args)
 
 
 def _check_llmapi_image(args: argparse.Namespace) -> None:
@@ -365,11 +432,14 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
         if args.demo:
             from tensorrtllm_backend.packing.demo import build_demo_checkpoint
 
-            checkpoint, source = build_demo_checkpoint(scratch / "demo-checkpoint"), "demo"
+            checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
+            source = "demo"
         elif args.demo_vlm:  # a demo too (the CPU stand-in's); its manifest records images
-            from tensorrtllm_backend.packing.demo import build_demo_vlm_checkpoint
+            from tensorrtllm_backend.packing.demo import build_demo_vlm_family
 
-            checkpoint = build_demo_vlm_checkpoint(scratch / "demo-vlm-checkpoint")
+            checkpoint = build_demo_vlm_family(
+                scratch / "demo-vlm-checkpoint", args.demo_vlm_family
+            )
             source = "demo"
         elif args.synthetic:
             checkpoint, source = _synthetic_checkpoint(args, scratch), "synthetic"
@@ -378,6 +448,14 @@ def run_llmapi(args: argparse.Namespace) -> str | None:
             checkpoint, source = args.checkpoint, "checkpoint"
         name = args.name or LLMAPI_DEMO_NAMES.get(_name_key(args, source))
         name = name or _default_name(checkpoint, args)
+        if args.quantize is not None:
+            from tensorrtllm_backend.packing.quantize import quantize_checkpoint
+
+            name = name if args.name else f"{name}-{args.quantize}"
+            checkpoint = quantize_checkpoint(
+                checkpoint, scratch / "quantized", args.quantize, args.kv_cache_dtype,
+                args.calib_data, args.calib_size, show_progress=not args.no_progress,
+            )  # fmt: skip
         limits = (
             {key: getattr(args, key) or CPU_LIMITS[key] for key in CPU_LIMITS}
             if source == "synthetic"
@@ -449,6 +527,8 @@ def run(args: argparse.Namespace) -> str | None:
             engine_dir, tokenizer_dir, source = build_cpu_engine(args, scratch)
         name = args.name or DEFAULT_NAMES.get(_name_key(args, source))
         name = name or _default_name(engine_dir, args)
+        if args.quantize is not None and not args.name:
+            name = f"{name}-{args.quantize}"
         pack = plan(
             name=name, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, source=source,
             option_overrides=options, runtime_version=runtime if explicit_image else None,
@@ -467,8 +547,10 @@ def run(args: argparse.Namespace) -> str | None:
 
 
 def _name_key(args: argparse.Namespace, source: str) -> str:
-    """The default-name key of what is packed: its source, told apart for the demo VLM."""
-    return "demo-vlm" if args.demo_vlm else source
+    """The default-name key of what is packed: its source, told apart for the demo VLMs."""
+    if not args.demo_vlm:
+        return source
+    return "demo-vlm" if args.demo_vlm_family == "llava" else f"demo-{args.demo_vlm_family}"
 
 
 def _default_name(engine_dir: Path, args: argparse.Namespace) -> str:

@@ -13,7 +13,8 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 stamp="$venv/.requirements.sha256"
-wanted="$(cat requirements.txt requirements-cpu.txt requirements-dev.txt requirements-guided.txt | sha256sum | cut -d' ' -f1)"
+wanted="$(cat requirements.txt requirements-cpu.txt requirements-dev.txt requirements-guided.txt \
+  requirements-modelopt.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   echo "bootstrap: installing requirements into $venv (about a minute on a fresh machine)"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
@@ -36,5 +37,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   "$venv/bin/python" -m pip install --quiet -r requirements-dev.txt
   # xgrammar without its GPU-only `triton` dependency (see requirements-guided.txt).
   "$venv/bin/python" -m pip install --quiet --no-deps -r requirements-guided.txt
+  # NVIDIA ModelOpt (pack_model.py --quantize) without its dependency list: its imports are
+  # pinned in requirements-dev.txt (see requirements-modelopt.txt).
+  "$venv/bin/python" -m pip install --quiet --no-deps -r requirements-modelopt.txt
   echo "$wanted" > "$stamp"
 fi

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from .quantization import Quantization, from_engine_config
+from .quantization import Quantization, from_checkpoint, from_engine_config
 
 EngineKind = Literal["tensorrt_llm", "cpu"]
 
@@ -64,7 +64,14 @@ class PackedSummary(BaseModel):
         data = self.model_dump(mode="json", exclude={"path", self.FILES})
         data["world_size"] = self.world_size
         data[self.FILES] = len(getattr(self, self.FILES))
-        return {key: value for key, value in data.items() if value is not None}
+        # BentoML's metadata takes no None, nested ones included (a quantization's group size).
+        return {
+            key: {k: v for k, v in value.items() if v is not None}
+            if isinstance(value, dict)
+            else value
+            for key, value in data.items()
+            if value is not None
+        }
 
 
 def read_config_json(
@@ -220,8 +227,22 @@ def _inspect_modern(
         tokens_per_block=_optional_int(plugins, "tokens_per_block"),
         gather_context_logits=kind == "cpu"
         or bool(build.get("gather_context_logits") or build.get("gather_all_token_logits")),
-        quantization=from_engine_config(data),
+        quantization=from_engine_config(data) or _cpu_checkpoint_quantization(engine_dir, cpu),
     )
+
+
+def _cpu_checkpoint_quantization(engine_dir: Path, cpu: Any) -> Quantization | None:
+    """The quantization of the checkpoint a CPU engine (hf mode) serves: the stand-in dequantizes
+    ModelOpt's checkpoints, and the record says what it serves."""
+    if not isinstance(cpu, dict) or cpu.get("mode") != "hf":
+        return None
+    checkpoint = cpu.get("checkpoint_dir")
+    if not isinstance(checkpoint, str):
+        return None
+    try:
+        return from_checkpoint(engine_dir / checkpoint)  # an absolute path stays as it is
+    except ValueError as error:
+        raise EngineConfigError(str(error)) from None
 
 
 # The limits of TensorRT-LLM < 0.9's builder_config, under the names build_config uses today.

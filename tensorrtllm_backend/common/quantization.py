@@ -34,6 +34,9 @@ MIN_CAPABILITY: dict[str, tuple[float, str]] = {
     "W4A16_AWQ": (8.0, "Ampere (A10, A100) or newer"),
     "W4A16_GPTQ": (8.0, "Ampere (A10, A100) or newer"),
 }
+# What the CPU stand-in dequantizes at load (python_models/cpu_engine/dequantize.py), by
+# ModelOpt's quant_algo; a KV cache in FP8 too.
+CPU_FORMATS = ("FP8", "W4A16_AWQ", "W4A8_AWQ")
 # BentoCloud's GPU type names (TRTLLM_GPU_TYPE, pack_model.py --gpu-type) by compute capability.
 GPU_CAPABILITY: dict[str, float] = {
     "nvidia-tesla-t4": 7.5,
@@ -70,6 +73,11 @@ class Quantization(BaseModel):
         if self.kv_cache:
             parts.append(f"KV cache {self.kv_cache}")
         return ", ".join(parts) + f" ({self.source})"
+
+    @property
+    def kv_only(self) -> bool:
+        """Only the KV cache is quantized (from_checkpoint's algorithm "none (KV cache only)")."""
+        return self.algorithm.startswith("none")
 
     def needs(self) -> tuple[float, str] | None:
         """The compute capability its kernels need, with the GPUs that have it (None: any)."""
@@ -144,6 +152,32 @@ def from_engine_config(data: dict[str, Any]) -> Quantization | None:
         group_size=_int(section.get("group_size")) if algorithm else None,
         kv_cache=kv_cache,
         source="engine config.json",
+    )
+
+
+def cpu_refusal(quantization: Quantization) -> str | None:
+    """Why the CPU stand-in cannot serve the quantization, None when it can: it dequantizes
+    ModelOpt's unified checkpoints in the formats of CPU_FORMATS (cpu_engine/dequantize.py)."""
+    modelopt = quantization.source == "hf_quant_config.json" or "(modelopt)" in quantization.source
+    fp4 = "FP4" in quantization.algorithm.upper()
+    if not modelopt:
+        why = "it reads ModelOpt's unified checkpoints only (other tools pack weights otherwise)"
+    elif fp4:
+        why = (
+            "ModelOpt's own NVFP4 fake quantization runs on CUDA only, so there is no reference "
+            "to match the stand-in's reading against on a CPU"
+        )
+    elif quantization.algorithm.upper() not in CPU_FORMATS and not quantization.kv_only:
+        why = f"it dequantizes {', '.join(CPU_FORMATS)} only"
+    elif (quantization.kv_cache or "FP8").upper() != "FP8":
+        why = "its KV cache is FP8 or full precision"
+    else:
+        return None
+    return (
+        f"the CPU stand-in does not serve {quantization.describe()}: {why}. Serve it with "
+        "TensorRT-LLM (`pack_model.py --checkpoint DIR`, the LLM API workflow, for a GPU image), "
+        "or quantize the full-precision model with `pack_model.py --quantize fp8|int4_awq|"
+        "w4a8_awq` for the stand-in"
     )
 
 

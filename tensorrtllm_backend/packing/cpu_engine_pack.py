@@ -9,13 +9,44 @@ import shutil
 from pathlib import Path
 
 from ..common.cpu_engine_config import write_engine_dir
-from ..common.quantization import from_checkpoint
+from ..common.quantization import cpu_refusal, from_checkpoint
 from ..common.tokenization import load_tokenizer
 from .checkpoint import language_config
 from .engine_packing import TOKENIZER_FILES, PackError
 
 # The CPU engine's limits unless pack_model.py is given others.
 CPU_LIMITS = {"max_batch_size": 64, "max_input_len": 1024, "max_seq_len": 2048}
+
+
+def _check_stand_in_reads(checkpoint: Path) -> None:
+    """A quantized checkpoint the stand-in cannot dequantize (cpu_engine/dequantize.py) is
+    refused before it is stored: transformers would read its packed or scaled weights as plain
+    floats, and every answer would be wrong."""
+    try:
+        quantization = from_checkpoint(checkpoint)
+    except ValueError as error:
+        raise PackError(str(error)) from None
+    if quantization is None:
+        return
+    refusal = cpu_refusal(quantization)
+    if refusal is None and not quantization.kv_only and not _has_weight_scales(checkpoint):
+        refusal = (
+            f"{quantization.source} says {quantization.algorithm}, but no layer has a "
+            "weight_scale: the weights are not what it says"
+        )
+    if refusal is not None:
+        raise PackError(f"{checkpoint}: {refusal}")
+
+
+def _has_weight_scales(checkpoint: Path) -> bool:
+    """Whether a layer of the checkpoint's safetensors has a weight_scale (headers only)."""
+    from safetensors import safe_open
+
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(file), "numpy") as reader:
+            if any(key.endswith(".weight_scale") for key in reader.keys()):
+                return True
+    return False
 
 
 def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path, str]:
@@ -35,9 +66,10 @@ def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pat
         checkpoint = build_demo_checkpoint(scratch / "demo-checkpoint", size=args.demo_size)
         source = "demo"
     elif args.demo_vlm:
-        from .demo import build_demo_vlm_checkpoint
+        from .demo import build_demo_vlm_family
 
-        checkpoint = build_demo_vlm_checkpoint(scratch / "demo-vlm-checkpoint")
+        family = getattr(args, "demo_vlm_family", "llava")
+        checkpoint = build_demo_vlm_family(scratch / "demo-vlm-checkpoint", family)
         source = "demo"
     elif args.hf_model is not None:
         checkpoint = args.hf_model
@@ -45,22 +77,19 @@ def build_cpu_engine(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pat
             raise PackError(f"--hf-model {checkpoint} is not a directory")
         if not (checkpoint / "config.json").is_file():
             raise PackError(f"--hf-model {checkpoint} has no config.json: not a HF checkpoint")
-        try:
-            quantization = from_checkpoint(checkpoint)
-        except ValueError as error:
-            raise PackError(str(error)) from None
-        if quantization is not None:
-            # transformers would read its packed or scaled weights as plain floats here: the
-            # stand-in would answer, and every answer would be wrong.
-            raise PackError(
-                f"--hf-model {checkpoint} is quantized ({quantization.describe()}), which the CPU "
-                f"stand-in does not run: serve it with TensorRT-LLM, `pack_model.py --checkpoint "
-                f"{checkpoint}` (the LLM API workflow) for a GPU image"
-            )
         source = "hf"
     else:
         checkpoint = None
         source = "scripted" if args.scripted else "synthetic"
+    if checkpoint is not None and getattr(args, "quantize", None):
+        from .quantize import quantize_checkpoint
+
+        checkpoint = quantize_checkpoint(
+            checkpoint, scratch / "quantized", args.quantize, args.kv_cache_dtype,
+            args.calib_data, args.calib_size, show_progress=not args.no_progress,
+        )  # fmt: skip
+    if checkpoint is not None:
+        _check_stand_in_reads(checkpoint)
     tokenizer_dir = args.tokenizer_dir or checkpoint
     if tokenizer_dir is None:
         # The synthetic engine emits ids only; the demo tokenizer turns them into text.

@@ -1,10 +1,11 @@
 """Build the demo checkpoints offline: a byte-level BPE tokenizer trained on the shipped corpus
 and a tiny random-weight Llama, both loadable with AutoTokenizer / AutoModelForCausalLM; and, with
 the same tokenizer plus an <image> token, a tiny random-weight LLaVA (a CLIP vision tower before
-that Llama), loadable with AutoProcessor / AutoModelForImageTextToText.
+that Llama), loadable with AutoProcessor / AutoModelForImageTextToText (demo_qwen2vl.py builds
+the Qwen2-VL family's demo the same way).
 
 Nothing is downloaded, so tests and CI get a real transformers model in a few seconds.
-Usage: python -m tensorrtllm_backend.packing.demo OUT_DIR [--vlm] [--engine-dir ENGINE_DIR]
+Usage: python -m tensorrtllm_backend.packing.demo OUT_DIR [--vlm [FAMILY]] [--engine-dir DIR]
 """
 
 from __future__ import annotations
@@ -51,27 +52,34 @@ CHAT_TEMPLATE = (
 # into one per image feature: CLIP on 56 x 56 images in 14 x 14 patches gives 4 x 4 = 16 (its
 # CLS feature dropped, vision_feature_select_strategy "default").
 IMAGE_TOKEN = "<image>"
+# The demo VLMs: this module's LLaVA, demo_qwen2vl.py's Qwen2-VL and Qwen2.5-VL.
+VLM_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
 VLM_IMAGE_SIZE, VLM_PATCH_SIZE = 56, 14
 VLM_IMAGE_TOKENS = (VLM_IMAGE_SIZE // VLM_PATCH_SIZE) ** 2
 _VISION_TOWER = re.compile(r"(^|\.)vision_tower\.(?!vision_model\.)")
 
-# CHAT_TEMPLATE, with a message's content either a string or a list of OpenAI-style parts: text
-# parts render their text, image parts (chat's image / image_url, the Responses API's
-# input_image) the placeholder.
-_CONTENT_MACRO = (
-    "{%- macro render_content(content) -%}"
-    "{%- if content is string -%}{{ content }}"
-    "{%- elif content is iterable -%}{%- for part in content -%}"
-    "{%- if part['type'] in ('text', 'input_text', 'output_text') -%}{{ part['text'] }}"
-    "{%- elif part['type'] in ('image', 'image_url', 'input_image') -%}"
-    + IMAGE_TOKEN
-    + "{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{%- endmacro -%}"
-)
-VLM_CHAT_TEMPLATE = _CONTENT_MACRO + CHAT_TEMPLATE.replace(
-    "{{ message['content'] }}", "{{ render_content(message['content']) }}"
-)
+
+def vlm_chat_template(image: str) -> str:
+    """CHAT_TEMPLATE, with a message's content either a string or a list of OpenAI-style parts:
+    text parts render their text, image parts (chat's image / image_url, the Responses API's
+    input_image) `image`, the model's markup for one image."""
+    content_macro = (
+        "{%- macro render_content(content) -%}"
+        "{%- if content is string -%}{{ content }}"
+        "{%- elif content is iterable -%}{%- for part in content -%}"
+        "{%- if part['type'] in ('text', 'input_text', 'output_text') -%}{{ part['text'] }}"
+        "{%- elif part['type'] in ('image', 'image_url', 'input_image') -%}"
+        + image
+        + "{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+        "{%- endmacro -%}"
+    )
+    return content_macro + CHAT_TEMPLATE.replace(
+        "{{ message['content'] }}", "{{ render_content(message['content']) }}"
+    )
+
+
+VLM_CHAT_TEMPLATE = vlm_chat_template(IMAGE_TOKEN)
 
 
 def _readable_by_transformers_4(out: Path, chat_template: str, **settings: object) -> None:
@@ -106,13 +114,22 @@ def train_tokenizer(corpus: Path = CORPUS, vocab_size: int = VOCAB_SIZE):
     return tokenizer
 
 
-# Model shapes by --demo-size. "tiny" keeps tests fast; "1b" has the layer shapes of a 1B Llama
-# (hidden 2048, 16 layers, grouped-query attention 32/8 heads, MLP 8192) with the demo's small
-# vocabulary: ~0.9B random weights, to measure serving with real decoding work on a GPU.
+# Model shapes by --demo-size. "tiny" keeps tests fast; "awq" is the smallest whose linear layers
+# take inputs of whole INT4 AWQ blocks (128: hidden 128, MLP 256), for quantizing with ModelOpt;
+# "1b" has the layer shapes of a 1B Llama (hidden 2048, 16 layers, grouped-query attention 32/8
+# heads, MLP 8192) with the demo's small vocabulary: ~0.9B random weights, to measure serving
+# with real decoding work on a GPU.
 DEMO_SIZES: dict[str, dict[str, int]] = {
     "tiny": {
         "hidden_size": 64,
         "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "awq": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -146,7 +163,7 @@ def demo_tokenizer(tokenizer: Any, **extra: Any) -> Any:
 
 def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
     """Write tokenizer + random-weight Llama (safetensors) into out_dir, deterministically.
-    Returns out_dir. Sizes other than tiny are stored in bf16 (half the bytes to write)."""
+    Returns out_dir. The 1b size is stored in bf16 (half the bytes to write)."""
     if size not in DEMO_SIZES:
         raise ValueError(f"demo size {size!r}: choose one of {', '.join(DEMO_SIZES)}")
     import torch
@@ -159,21 +176,21 @@ def build_demo_checkpoint(out_dir: Path, size: str = "tiny") -> Path:
     hf_tokenizer.save_pretrained(str(out))
     _readable_by_transformers_4(out, CHAT_TEMPLATE)
 
-    tiny = size == "tiny"
+    small = size != "1b"
     config = LlamaConfig(
         vocab_size=len(hf_tokenizer),
         **DEMO_SIZES[size],
         max_position_embeddings=2048,
-        # tiny: peaked logits, so greedy ties are unlikely and outputs vary by prompt; larger
-        # models keep the usual scale so deep stacks stay finite in bf16.
-        initializer_range=0.2 if tiny else 0.02,
+        # small: peaked logits, so greedy ties are unlikely and outputs vary by prompt; the 1b
+        # keeps the usual scale so its deep stack stays finite in bf16.
+        initializer_range=0.2 if small else 0.02,
         bos_token_id=hf_tokenizer.bos_token_id,
         eos_token_id=hf_tokenizer.eos_token_id,
         pad_token_id=hf_tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
     torch.manual_seed(SEED)
-    if tiny:
+    if small:
         model = LlamaForCausalLM(config).to(torch.float32).eval()
     else:  # initialising ~1B weights is quicker on a GPU, where there is one
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -271,16 +288,34 @@ def build_demo_vlm_checkpoint(out_dir: Path) -> Path:
     return out
 
 
+def build_demo_vlm_family(out_dir: Path, family: str = "llava") -> Path:
+    """The demo VLM of `family` (VLM_FAMILIES): the LLaVA here, or the Qwen2-VL or Qwen2.5-VL of
+    demo_qwen2vl.py. Returns out_dir."""
+    if family == "llava":
+        return build_demo_vlm_checkpoint(out_dir)
+    from .demo_qwen2vl import build_demo_qwen2vl_checkpoint
+
+    return build_demo_qwen2vl_checkpoint(out_dir, family)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir", type=Path, help="where to write the checkpoint")
-    parser.add_argument("--vlm", action="store_true", help="the demo VLM (LLaVA) instead")
+    parser.add_argument(
+        "--vlm",
+        nargs="?",
+        const="llava",
+        choices=VLM_FAMILIES,
+        help="the demo VLM instead, of this family (default: llava)",
+    )
     parser.add_argument(
         "--engine-dir", type=Path, help="also write an hf-mode CPU engine dir packing it"
     )
     args = parser.parse_args(argv)
     ckpt = (
-        build_demo_vlm_checkpoint(args.out_dir) if args.vlm else build_demo_checkpoint(args.out_dir)
+        build_demo_vlm_family(args.out_dir, args.vlm)
+        if args.vlm
+        else build_demo_checkpoint(args.out_dir)
     )
     print(f"demo checkpoint: {ckpt}")
     if args.engine_dir is not None:

@@ -101,14 +101,14 @@ def check_vision(
         return None, []
     files = processor_files(checkpoint_dir, tokenizer_dir)
     stored = [(tokenizer_dir / name, Path(TOKENIZER) / name) for name in TOKENIZER_FILES] + files
-    from transformers import AutoProcessor
+    from ..common.processors import load_processor
 
     with tempfile.TemporaryDirectory() as scratch:
         for src, rel in stored:
             if src.is_file():
                 os.symlink(src.resolve(), Path(scratch) / rel.name)
         try:
-            AutoProcessor.from_pretrained(scratch, local_files_only=True)
+            load_processor(scratch)
         except Exception as error:  # transformers raises many kinds
             raise PackError(
                 f"{checkpoint_dir} takes images, but its processor does not load with "

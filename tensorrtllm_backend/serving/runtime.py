@@ -277,13 +277,11 @@ class LLMRuntime:
     def _load_vision(self) -> Vision:
         """The model's processor (stored with its tokenizer) and the image limits."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoProcessor
+        from ..common.processors import load_processor
 
         record = self.vision_record
         assert record is not None
-        processor = AutoProcessor.from_pretrained(
-            str(self.model_root / TOKENIZER), local_files_only=True
-        )
+        processor = load_processor(self.model_root / TOKENIZER)
         return Vision(processor, media_limits(self.settings), record)
 
     def _load_tokenizer(self, guided: bool) -> PreTrainedTokenizerBase:

@@ -15,6 +15,7 @@ Torch and transformers are imported here only, so the synthetic mode never pays 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import torch
 from ...common.media import MediaError, decode_image
 from ..stub_settings import media_limits
 from .block_cache import BlockTable
+from .mrope import MRope, step_positions
 from .request import GenRequest
 from .sampling import select_token
 from .scheduler import StepResult
@@ -45,6 +47,10 @@ class _SeqState:
     reused: torch.Tensor | None = None  # block ids of its reused prefix, copied in at its join
     # A request with images: the embeddings of its image tokens, in prompt order, until its join.
     image_embeds: torch.Tensor | None = None
+    # A request with images to an M-RoPE model (mrope.py): its prompt's [3, tokens] positions
+    # until its join, and its rope delta, which its generated tokens' positions add.
+    rope: torch.Tensor | None = None
+    rope_delta: int = 0
 
 
 @dataclass(slots=True)
@@ -270,6 +276,9 @@ def _attention(
     tokens, dim] for this step's tokens only. Writes them into the slot cache, then attends per
     request: the decoding tokens each to their own row, the prompts causally to themselves.
     Returns [1, tokens, heads, dim]."""
+    kv_cache = getattr(module, "trtllm_kv_cache", None)
+    if kv_cache is not None:  # a quantized KV cache: keys and values as it stores them
+        key, value = kv_cache(key, value)
     if trtllm_step is None:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -403,6 +412,18 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+def _load_model(auto: Any, checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
+    """The checkpoint's transformers model (`auto`: its Auto class); a ModelOpt-quantized one
+    with its weights dequantized and its inputs quantized as ModelOpt's model does
+    (dequantize.py), which transformers alone would read as plain floats."""
+    from .dequantize import checkpoint_quantization, load_dequantized
+
+    quantization = checkpoint_quantization(checkpoint_dir)
+    if quantization is not None:
+        return load_dequantized(auto, checkpoint_dir, quantization, dtype)
+    return auto.from_pretrained(str(checkpoint_dir), local_files_only=True, dtype=dtype)
+
+
 def default_num_threads() -> int:
     """Half the cores: the other half serves Triton, the stubs and the BentoML process."""
     return max(1, (os.cpu_count() or 2) // 2)
@@ -434,9 +455,7 @@ class HFBackend:
         config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
         self.takes_images = "vision_config" in config  # an image-text-to-text model
         auto = AutoModelForImageTextToText if self.takes_images else AutoModelForCausalLM
-        self.model = auto.from_pretrained(
-            str(checkpoint_dir), local_files_only=True, dtype=dtype
-        ).to(self.device)
+        self.model = _load_model(auto, checkpoint_dir, dtype).to(self.device)
         self.model.eval()
         _register_attention()
         self.model.set_attn_implementation(ATTENTION)
@@ -475,7 +494,10 @@ class HFBackend:
         state = req.backend_state = _SeqState(generator=generator, matcher=matcher)
         if req.images:
             assert self._images is not None  # the scheduler admits images to takes_images only
-            state.image_embeds = self._images.embeds(req)
+            state.image_embeds, grid = self._images.embeds(req)
+            if self._images.mrope is not None:  # from the whole prompt, a reused prefix or not
+                assert grid is not None
+                state.rope, state.rope_delta = self._images.mrope.prompt(req.prompt, grid)
 
     @torch.inference_mode()
     def release(self, req: GenRequest) -> None:
@@ -544,9 +566,12 @@ class HFBackend:
         inputs: dict[str, torch.Tensor] = {"input_ids": step.input_ids[None]}
         if any(req.backend_state.image_embeds is not None for req in joining):  # type: ignore[union-attr]
             inputs = {"inputs_embeds": self._embeds(step.input_ids, decoding, joining)[None]}
+        positions = step.columns[None]  # rotary positions; the cache's columns stay the columns
+        if self._images is not None and self._images.mrope is not None:
+            positions = step_positions(step.columns, decoding, joining)
         out = self.model(
             **inputs,
-            position_ids=step.columns[None],
+            position_ids=positions,
             use_cache=False,
             logits_to_keep=keep,
             trtllm_step=step,
@@ -556,7 +581,7 @@ class HFBackend:
         for req in joining:
             state: _SeqState = req.backend_state  # type: ignore[assignment]
             state.length, state.fed, state.reused = len(req.prompt), True, None
-            state.image_embeds = None
+            state.image_embeds = state.rope = None
         # Sampling runs on the CPU with each request's own seeded generator.
         logits = out.logits[0].float().cpu()  # one copy for the batch, not one per row
         order = decoding + joining
@@ -592,7 +617,8 @@ class HFBackend:
 
 class _ImageEncoder:
     """A vision-language model's image side: its image processor and vision tower, turning a
-    request's images into the embeddings of its prompt's image tokens."""
+    request's images into the embeddings of its prompt's image tokens; and, for a model with
+    multimodal rotary positions (Qwen2-VL's family), its M-RoPE."""
 
     def __init__(self, checkpoint_dir: str | Path, model: Any) -> None:
         from transformers import AutoImageProcessor
@@ -609,19 +635,31 @@ class _ImageEncoder:
             raise ValueError(f"{type(model).__name__}'s config names no image token id")
         self.token_id = int(token)
         self.limits = media_limits()
+        self.mrope = MRope.of(model, self.token_id)
+        # What the vision tower takes beside the pixels, of what the image processor returns
+        # (Qwen2-VL's image_grid_thw: each image's patch grid).
+        self._feature_inputs = set(inspect.signature(model.get_image_features).parameters) - {
+            "pixel_values"
+        }
 
     @torch.inference_mode()
-    def embeds(self, req: GenRequest) -> torch.Tensor:
+    def embeds(self, req: GenRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[image tokens, hidden]: the request's images through the vision tower and projector,
-        as many rows as its prompt has image tokens (a ValueError when they differ)."""
+        as many rows as its prompt has image tokens (a ValueError when they differ); and their
+        image_grid_thw, where the image processor gives one (Qwen2-VL's family)."""
         try:
             images = [decode_image(data, self.limits) for data in req.images]
         except MediaError as error:
             raise ValueError(str(error)) from None
-        pixels = self.processor(images, return_tensors="pt")["pixel_values"]
+        processed = self.processor(images, return_tensors="pt")
         parameter = next(self.model.parameters())
+        extra = {
+            name: value.to(parameter.device)
+            for name, value in processed.items()
+            if name in self._feature_inputs and isinstance(value, torch.Tensor)
+        }
         features = self.model.get_image_features(
-            pixel_values=pixels.to(parameter.device, parameter.dtype)
+            pixel_values=processed["pixel_values"].to(parameter.device, parameter.dtype), **extra
         )
         if not isinstance(features, torch.Tensor):  # per image, in some models' versions
             features = getattr(features, "pooler_output", features)
@@ -633,4 +671,4 @@ class _ImageEncoder:
                 f"the prompt holds {count} image tokens but its {len(images)} images make "
                 f"{features.shape[0]}: expand each image's placeholder with the model's processor"
             )
-        return features
+        return features, processed.get("image_grid_thw")

@@ -167,12 +167,10 @@ class CpuEngine:
         """A prompt's token ids with each image placeholder expanded by the model's processor,
         as the LLM API's input processors do (token ids are decoded to text first, and then get
         no special tokens: `special` False)."""
-        from transformers import AutoProcessor
+        from ...common.processors import load_processor
 
         if self._processor is None:
-            self._processor = AutoProcessor.from_pretrained(
-                str(self._tokenizer_dir), local_files_only=True
-            )
+            self._processor = load_processor(self._tokenizer_dir)
         try:
             decoded = [decode_image(data, media_limits()) for data in images]
         except MediaError as error:

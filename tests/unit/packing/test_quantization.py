@@ -100,11 +100,24 @@ def test_an_nvfp4_checkpoint_for_a_hopper_target_is_refused_at_pack_time(
     assert "quantization: NVFP4, group size 16 (hf_quant_config.json)" in capsys.readouterr().out
 
 
-def test_the_cpu_stand_in_refuses_a_quantized_checkpoint(
-    checkpoint: Path, name: str, unchanged_store, capsys, tmp_path: Path
-) -> None:
-    quantized = shutil.copytree(checkpoint, tmp_path / "fp8")
-    (quantized / "hf_quant_config.json").write_text(json.dumps(MODELOPT_FP8))
+@pytest.mark.parametrize(
+    ("hf_quant_config", "quantization_config", "message"),
+    [
+        (MODELOPT_NVFP4, None, "NVFP4 fake quantization runs on CUDA only"),
+        (None, {"quant_method": "awq", "bits": 4}, "ModelOpt's unified checkpoints only"),
+        (MODELOPT_FP8, None, "no layer has a weight_scale"),  # FP8 said, float weights stored
+    ],
+)
+def test_the_cpu_stand_in_refuses_what_it_cannot_dequantize(
+    checkpoint: Path, name: str, unchanged_store, capsys, tmp_path: Path,
+    hf_quant_config: dict | None, quantization_config: dict | None, message: str,
+) -> None:  # fmt: skip
+    """It dequantizes ModelOpt's FP8 and INT4 / W4A8 AWQ checkpoints (test_quantize.py,
+    python_models/test_cpu_engine_quantized.py); anything else would answer wrong text."""
+    quantized = shutil.copytree(checkpoint, tmp_path / "quantized")
+    if hf_quant_config is not None:
+        (quantized / "hf_quant_config.json").write_text(json.dumps(hf_quant_config))
+    if quantization_config is not None:
+        with_config(quantized, quantization_config=quantization_config)
     assert run_pack("--hf-model", str(quantized), "--name", name) == 2
-    error = capsys.readouterr().err
-    assert "is quantized (FP8, KV cache FP8" in error and "--checkpoint" in error
+    assert message in capsys.readouterr().err

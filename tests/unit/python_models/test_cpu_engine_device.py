@@ -65,5 +65,5 @@ def test_1b_demo_has_about_a_billion_weights() -> None:
 
 
 def test_unknown_demo_size_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="tiny, 1b"):
+    with pytest.raises(ValueError, match="tiny, awq, 1b"):
         build_demo_checkpoint(tmp_path / "ckpt", size="7b")

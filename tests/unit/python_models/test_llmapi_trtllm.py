@@ -437,3 +437,49 @@ def test_images_a_model_cannot_take_are_refused(model, vlm, fake) -> None:
     with pytest.raises(RequestError, match="not a PNG, JPEG, WEBP or GIF image"):
         generate(vlm, image_request("<image>Hi", [b"not an image"]))
     assert fake.calls == []
+
+
+def test_a_modelopt_checkpoint_reaches_the_llm_as_its_own_directory(
+    fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A ModelOpt checkpoint exported here, packed with --workflow llmapi --checkpoint: the LLM
+    gets its directory and nothing else about its quantization. TensorRT-LLM's PyTorch backend
+    reads hf_quant_config.json itself (ModelConfig.from_pretrained), and kv_cache_config.dtype
+    "auto" (its default) follows the checkpoint's kv_cache_quant_algo; quant_config is no
+    TorchLlmArgs field (../shared/contract/TRTLLM_LLMAPI.md, "Quantized checkpoints")."""
+    import json
+    import shutil
+
+    import bentoml
+
+    import pack_model
+    from tensorrtllm_backend.triton.localize import localize_model_yaml
+    from tests.quantized_reference import quantized_demo
+
+    exported = quantized_demo(tmp_path / "quantized", "fp8", kv_cache="fp8").checkpoint
+    name = "t-llmapi-modelopt-fp8"
+    args = ["--workflow", "llmapi", "--checkpoint", str(exported), "--name", name]
+    assert pack_model.main([*args, "--no-progress"]) == 0
+    (stored,) = bentoml.models.list(name)
+    try:
+        repository = shutil.copytree(Path(stored.path) / "model_repository", tmp_path / "repo")
+        localize_model_yaml(repository, Path(stored.path))
+        model = harness.start_model(
+            harness.model_module(monkeypatch), repository / "tensorrt_llm" / "1"
+        )
+        (llm,) = fake.llms
+        quantization = json.loads((Path(llm.args["model"]) / "hf_quant_config.json").read_text())
+        assert quantization["quantization"]["quant_algo"] == "FP8"
+        assert quantization["quantization"]["kv_cache_quant_algo"] == "FP8"
+        assert "quant_config" not in llm.args
+        assert "dtype" not in (llm.args.get("kv_cache_config") or {})  # "auto": the checkpoint's
+        model.finalize()
+    finally:
+        bentoml.models.delete(str(stored.tag))
+
+
+def test_quant_config_is_no_argument_of_the_pytorch_llm(fake, monkeypatch, tmp_path) -> None:
+    """TorchLlmArgs keeps quant_config private (it is TrtLlmArgs', the engine builder's): a
+    model.yaml that sets it fails the load, as LLM(...) would."""
+    with pytest.raises(ValueError, match="invalid argument.*quant_config"):
+        serve(monkeypatch, tmp_path, quant_config={"quant_algo": "FP8"})
