@@ -23,6 +23,7 @@ from tensorrtllm_backend.serving.apis import NATIVE_LABEL
 from tensorrtllm_backend.serving.chat.core import ChatCore
 from tensorrtllm_backend.serving.chat.stream import answer_steps, collect
 from tensorrtllm_backend.serving.deployment import (
+    bento_image,
     end_serving,
     freeze_startup_heap,
     lengthen_keep_alive,
@@ -91,6 +92,7 @@ openai_app = build_openai_app(_current_chat, v1_routes)
     resources=resources(MODEL_TAG),
     traffic=traffic(MODEL_TAG),  # timeout, concurrency (TRTLLM_CONCURRENCY)
     tracing=tracing_config(),
+    image=bento_image(),  # + bentofile.yaml: the base image's own Python and packages
 )
 class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)

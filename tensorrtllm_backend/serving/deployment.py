@@ -1,6 +1,6 @@
 """Deployment-time choices made when service.py is imported: which stored model to serve, what
-resources to ask BentoML / BentoCloud for, the HTTP server's keep-alive timeout and its error
-log."""
+resources to ask BentoML / BentoCloud for, the one step of the Bento's image that bentofile.yaml
+cannot express, the HTTP server's keep-alive timeout and its error log."""
 
 from __future__ import annotations
 
@@ -52,6 +52,49 @@ def resources(tag: str) -> dict[str, Any]:
     if gpu_type:
         requested["gpu_type"] = gpu_type
     return requested
+
+
+# What the Bento's image writes down before installing its requirements: every package of the
+# base image (for the post-install check), and those of TensorRT-LLM's stack as pip constraints
+# (bentofile.yaml's envs point UV_CONSTRAINT there).
+IMAGE_PACKAGES = "/app/image-packages.txt"
+IMAGE_CONSTRAINTS = "/app/image-constraints.txt"
+# The stack the Bento's requirements must never change: the engine, torch, xgrammar and what
+# they are compiled against. Other packages of the image stay as they are unless a requirement
+# needs a newer release (uv keeps what satisfies); pinning them all would make a build fail on
+# NVIDIA's images over packages the service does not share with the engine (e.g. BentoML needs
+# an fsspec newer than the one TensorRT-LLM's `datasets` pin allows).
+IMAGE_STACK = (
+    r"tensorrt|tensorrt[-_.].*|torch|torch[-_.].*|torchvision|torchaudio|xgrammar"
+    r"|apache[-_.]tvm[-_.]ffi|numpy|triton|nvidia[-_.].*|cuda[-_.].*|flashinfer[-_.]python"
+)
+# Installed distributions whose version is a release number (PEP 440; distro packages with
+# versions like 2.7.7ubuntu4 cannot be pinned and are left out).
+FREEZE_BASE_IMAGE = (
+    "mkdir -p /app && python3 -m pip list --format=freeze --disable-pip-version-check"
+    " | grep -E '^[A-Za-z0-9._-]+==[0-9]+(\\.[0-9]+)*((a|b|rc)[0-9]+)?(\\.post[0-9]+)?"
+    f"(\\.dev[0-9]+)?(\\+[A-Za-z0-9.]+)?$' > {IMAGE_PACKAGES}"
+    f"; grep -iE '^({IMAGE_STACK})==' {IMAGE_PACKAGES} > {IMAGE_CONSTRAINTS}"
+    f"; wc -l {IMAGE_PACKAGES} {IMAGE_CONSTRAINTS}"
+)
+
+
+def bento_image() -> bentoml.images.Image:
+    """The Bento's image, as far as bentofile.yaml cannot say it: before BentoML installs
+    requirements-bento.txt, the base image's packages are written down, its TensorRT-LLM stack
+    as constraints.
+
+    bentofile.yaml gives the rest: the base image, its Python (`uv venv` uses it), the
+    requirements, the post-install step and the uv settings that install into the image's own
+    Python (UV_SYSTEM_PYTHON) under these constraints (UV_CONSTRAINT). BentoML runs an `Image`'s
+    commands before the requirements and bentofile.yaml's `setup_script` after them; a step
+    before them exists only here. BentoML (1.4.39) applies bentofile.yaml onto this image with
+    `attrs.evolve`, which adds its default apt-get step a second time: the first copy is dropped
+    here.
+    """
+    image = bentoml.images.Image(lock_python_packages=False)
+    image.commands.clear()
+    return image.run(FREEZE_BASE_IMAGE)
 
 
 REQUEST_TIMEOUT_S = 600

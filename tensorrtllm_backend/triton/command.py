@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..settings import BACKEND_PYTHONPATH_ENV, env_name
 from .install import TritonInstallation
+from .stub_python import StubPython
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,13 @@ def _site_packages() -> list[str]:
     return paths
 
 
+def _installation_site_packages() -> set[str]:
+    """The site-packages of this interpreter's base installation (not of a venv on it)."""
+    import site
+
+    return {str(Path(p).resolve()) for p in site.getsitepackages([sys.base_prefix])}
+
+
 def port_free(port: int) -> bool:
     """Whether tritonserver could listen on `port`. It sets SO_REUSEADDR, as here: connections
     of a previous tritonserver left in TIME_WAIT do not keep it from listening again."""
@@ -154,9 +162,30 @@ def port_free(port: int) -> bool:
     return True
 
 
-def default_python_paths() -> list[str]:
-    """What a python-backend model needs on sys.path: this interpreter's packages and ours."""
-    return [*_site_packages(), str(PROJECT_ROOT)]
+def default_python_paths(stub: StubPython | None = None) -> list[str]:
+    """What a python-backend model puts on sys.path ahead of its own (TRTLLM_BACKEND_PYTHONPATH):
+    our package, and the packages of this interpreter that the stub's Python does not have.
+
+    `stub` is the Python the stubs run (None: not known, everything is passed):
+    - another Python version: our package alone. Packages installed for this interpreter
+      (compiled extensions) cannot load there, and would shadow the stub's own; it imports its
+      installation's packages.
+    - this interpreter's own installation (NVIDIA's image, where service and stubs run the
+      image's Python): that installation's site-packages are already on the stub's path, after
+      its standard library; only a virtualenv's and the user's go first.
+    - another installation of this version (a venv on pyenv's 3.11 with Debian's 3.11 stub):
+      this interpreter's site-packages, venv and base installation.
+    """
+    ours = str(PROJECT_ROOT)
+    if stub is None:
+        return [*_site_packages(), ours]
+    if stub.version != sys.version_info[:2]:
+        return [ours]
+    paths = _site_packages()
+    if stub.home.resolve() == Path(sys.base_prefix).resolve():
+        own = _installation_site_packages()
+        paths = [p for p in paths if str(Path(p).resolve()) not in own]
+    return [*paths, ours]
 
 
 # Triton's APIs that change the server: model load / unload / index, shared-memory registration,
@@ -279,19 +308,30 @@ def hide_virtualenv(env: dict[str, str]) -> None:
     env["PATH"] = os.pathsep.join(e for e in entries if os.path.realpath(e or ".") != venv_bin)
 
 
+def loader_path(installation: TritonInstallation) -> str:
+    """tritonserver's LD_LIBRARY_PATH: the wheel's libraries ahead of this process's."""
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    if not installation.library_dirs:
+        return current
+    return os.pathsep.join([*(str(d) for d in installation.library_dirs), current]).rstrip(
+        os.pathsep
+    )
+
+
 def tritonserver_environment(
-    installation: TritonInstallation, python_paths: Sequence[str] | None
+    installation: TritonInstallation,
+    python_paths: Sequence[str] | None,
+    stub: StubPython | None = None,
 ) -> dict[str, str]:
     """This process's environment for tritonserver: the wheel's libraries on the loader path, the
-    paths the python models import from (TRTLLM_BACKEND_PYTHONPATH), the venv off PATH, and
-    without the service's API key (every python stub inherits this environment)."""
+    paths the python models import from (TRTLLM_BACKEND_PYTHONPATH: `python_paths`, or those
+    :func:`default_python_paths` gives for the stubs' Python), the venv off PATH, and without
+    the service's API key (every python stub inherits this environment)."""
     env = dict(os.environ)
     env.pop(API_KEY_ENV, None)
     if installation.library_dirs:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [*(str(d) for d in installation.library_dirs), env.get("LD_LIBRARY_PATH", "")]
-        ).rstrip(os.pathsep)
-    paths = default_python_paths() if python_paths is None else python_paths
+        env["LD_LIBRARY_PATH"] = loader_path(installation)
+    paths = default_python_paths(stub) if python_paths is None else python_paths
     env[BACKEND_PYTHONPATH_ENV] = os.pathsep.join(paths)
     hide_virtualenv(env)
     return env

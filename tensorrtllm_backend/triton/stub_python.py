@@ -290,9 +290,9 @@ def plan_stub_python(
         )
     if version != interpreter.version:
         logger.warning(
-            "the Python backend stub %s runs Python %d.%d, the service %s: python models get "
-            "the interpreter and standard library of %s, where the service's packages (built "
-            "for Python %d.%d) may not import",
+            "the Python backend stub %s runs Python %d.%d, the service %s: python models run "
+            "on the interpreter, standard library and packages of %s (the service's packages, "
+            "for Python %d.%d, are left off their path: install what they import there)",
             stub, *version, interpreter.label, home, *interpreter.version,
         )  # fmt: skip
     ours = own is not None and library.resolve() == own.resolve()

@@ -35,6 +35,7 @@ from .command import (
     TritonServerConfig,
     build_command,
     choose_ports,
+    loader_path,
     port_free,
     probe_ready,
     tritonserver_environment,
@@ -349,15 +350,13 @@ class TritonSupervisor(TritonEndpoints):
         raise last_error
 
     def _environment(self, installation: TritonInstallation) -> dict[str, str]:
-        env = tritonserver_environment(installation, self.config.python_paths)
-        plan = self._plan_stub_python(installation, env)
+        plan = self._plan_stub_python(installation)
+        env = tritonserver_environment(installation, self.config.python_paths, plan)
         if plan is not None:
             apply_stub_python(plan, env, default_cache_root())
         return env
 
-    def _plan_stub_python(
-        self, installation: TritonInstallation, env: dict[str, str]
-    ) -> StubPython | None:
+    def _plan_stub_python(self, installation: TritonInstallation) -> StubPython | None:
         """Once per supervisor: the libpython / stdlib pair of the python backend stub."""
         if self._stub_python_planned:
             return self._stub_python
@@ -365,7 +364,7 @@ class TritonSupervisor(TritonEndpoints):
         if stub.is_file():  # else no python backend here: nothing to pair
             try:
                 self._stub_python = plan_stub_python(
-                    stub, Interpreter.current(), env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+                    stub, Interpreter.current(), loader_path(installation).split(os.pathsep)
                 )
             except StubPythonError as error:
                 raise TritonSetupError(str(error)) from None

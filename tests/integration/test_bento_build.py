@@ -1,5 +1,7 @@
 """`bentoml build` from the repository root: the Bento names the packed model, carries the service
-code and the Triton templates, and its Dockerfile starts from the NVIDIA Triton TensorRT-LLM image."""
+code and the Triton templates, and its Dockerfile starts from the NVIDIA Triton TensorRT-LLM image
+and runs everything on that image's own Python (tests/integration/test_container.py builds and
+runs such an image)."""
 
 from __future__ import annotations
 
@@ -92,3 +94,36 @@ def test_bentofile_image_has_a_known_tensorrt_llm_release() -> None:
 
     image = yaml.safe_load((ROOT / "bentofile.yaml").read_text())["docker"]["base_image"]
     assert runtime_version_for_image(image) is not None, image
+
+
+def test_dockerfile_uses_the_images_python_and_packages(built_bento: bentoml.Bento) -> None:
+    """BentoML's generated Dockerfile, with bentofile.yaml's settings and service.py's image:
+    the venv is made from the base image's Python (bentofile's version, never the build
+    machine's; never downloaded), the requirements go into the image's own Python under the
+    image's packages as constraints, written before them, and the post-install check after."""
+    from tensorrtllm_backend.serving.deployment import FREEZE_BASE_IMAGE, IMAGE_CONSTRAINTS
+
+    bentofile = yaml.safe_load((ROOT / "bentofile.yaml").read_text())
+    dockerfile = Path(built_bento.path_of("env/docker/Dockerfile")).read_text()
+    lines = dockerfile.splitlines()
+    envs = set(re.findall(r"^ENV (UV_[A-Z_]+)=\$\1$", dockerfile, re.M))
+    assert envs >= {"UV_SYSTEM_PYTHON", "UV_CONSTRAINT", "UV_PYTHON_DOWNLOADS"}
+    assert f"ARG UV_CONSTRAINT={IMAGE_CONSTRAINTS}" in lines
+    venv = [line for line in lines if " uv venv " in line]
+    assert len(venv) == 1
+    assert f"--python {bentofile['docker']['python_version']} /app/.venv" in venv[0]
+
+    def where(text: str) -> int:
+        (index,) = [i for i, line in enumerate(lines) if text in line]
+        return index
+
+    install = where("pip install -r $BENTO_PATH/env/python/requirements.txt")
+    after = where("./env/docker/script__")
+    assert where(FREEZE_BASE_IMAGE) < where(" uv venv ") < install < after
+    assert where("ENV UV_SYSTEM_PYTHON") < install
+    assert len([line for line in lines if "apt-get update" in line]) == 1
+    script = Path(built_bento.path_of(lines[after].split(" && ")[-1].removeprefix("./")))
+    assert script.read_text() == (ROOT / bentofile["docker"]["setup_script"]).read_text()
+    requirements = Path(built_bento.path_of("env/python/requirements.txt")).read_text()
+    for name in ("torch", "xgrammar", "tensorrt", "apache-tvm-ffi", "nvidia-pytriton"):
+        assert not re.search(rf"^{name}\b", requirements, re.M | re.I), name

@@ -8,6 +8,7 @@ import logging
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,14 +18,17 @@ import pytest
 from tensorrtllm_backend.triton import command
 from tensorrtllm_backend.triton.command import (
     CONTROL_HEADER,
+    PROJECT_ROOT,
     ControlSecret,
     TritonPorts,
     TritonServerConfig,
     build_command,
+    default_python_paths,
     tritonserver_environment,
     with_death_signal,
 )
 from tensorrtllm_backend.triton.install import TritonInstallation
+from tensorrtllm_backend.triton.stub_python import StubPython
 
 INSTALLATION = TritonInstallation(Path("/opt/tritonserver/bin/tritonserver"))
 
@@ -118,3 +122,45 @@ def test_without_setpriv_the_command_runs_as_is_and_says_so_once(
     warnings = [r for r in caplog.records if "setpriv" in r.getMessage()]
     assert len(warnings) == 1
     assert "will not die with a SIGKILLed worker" in warnings[0].getMessage()
+
+
+def _stub(version: tuple[int, int], home: str) -> StubPython:
+    return StubPython(
+        "libpython.so.1.0", Path("/lib/libpython.so.1.0"), Path(home), None, version, False
+    )
+
+
+def test_a_stub_of_another_python_gets_our_package_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's packages are built for its own Python: a stub of another version (the
+    Bento's image, where BentoML once made a 3.11 venv next to NGC's 3.12) must not see them."""
+    monkeypatch.setattr(command, "_site_packages", lambda: ["/venv/lib/python3.11/site-packages"])
+    other = (sys.version_info.major, sys.version_info.minor + 1)
+    assert default_python_paths(_stub(other, "/usr")) == [str(PROJECT_ROOT)]
+    env = tritonserver_environment(INSTALLATION, None, _stub(other, "/usr"))
+    assert env["TRTLLM_BACKEND_PYTHONPATH"] == str(PROJECT_ROOT)
+
+
+def test_a_stub_on_this_installation_gets_only_what_it_lacks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On the service's own installation (NGC's image) the stub already has its site-packages,
+    behind its standard library: only a venv's go first. Another installation of the same
+    version (Debian's 3.11 next to pyenv's) gets all of them, as before."""
+    venv, base = tmp_path / "venv-site", tmp_path / "base-site"
+    monkeypatch.setattr(command, "_site_packages", lambda: [str(venv), str(base)])
+    monkeypatch.setattr(command, "_installation_site_packages", lambda: {str(base.resolve())})
+    version = (sys.version_info.major, sys.version_info.minor)
+    assert default_python_paths(_stub(version, sys.base_prefix)) == [str(venv), str(PROJECT_ROOT)]
+    assert default_python_paths(_stub(version, "/opt/another-python")) == [
+        str(venv),
+        str(base),
+        str(PROJECT_ROOT),
+    ]
+    assert default_python_paths(None) == [str(venv), str(base), str(PROJECT_ROOT)]
+
+
+def test_the_installations_site_packages_are_not_the_venvs() -> None:
+    own = command._installation_site_packages()
+    assert own and all(Path(p).is_absolute() for p in own)
+    if sys.prefix != sys.base_prefix:  # the tests run in .venv
+        assert not [p for p in own if p.startswith(str(Path(sys.prefix).resolve()))]
