@@ -94,7 +94,9 @@ def test_the_image_reaches_the_model(client: openai.OpenAI, model: str) -> None:
     assert red != first_log_probs(client, model, BLUE)
 
 
-def test_openai_chat_with_an_image_streamed_and_not(client: openai.OpenAI, model: str) -> None:
+def check_chat_with_an_image(client: openai.OpenAI, model: str, image_tokens: int) -> None:
+    """An image chat answers, streamed as whole, and its prompt counts `image_tokens` more than
+    its text alone."""
     whole = client.chat.completions.create(
         model=model, messages=image_chat(RED), max_tokens=6, temperature=0
     )
@@ -106,12 +108,16 @@ def test_openai_chat_with_an_image_streamed_and_not(client: openai.OpenAI, model
     )
     assert whole.usage is not None and text_only.usage is not None
     # The image's tokens count in the prompt (its text part is the same).
-    assert whole.usage.prompt_tokens == text_only.usage.prompt_tokens + VLM_IMAGE_TOKENS
+    assert whole.usage.prompt_tokens == text_only.usage.prompt_tokens + image_tokens
     stream = client.chat.completions.create(
         model=model, messages=image_chat(RED), max_tokens=6, temperature=0, stream=True
     )
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert streamed == whole.choices[0].message.content
+
+
+def test_openai_chat_with_an_image_streamed_and_not(client: openai.OpenAI, model: str) -> None:
+    check_chat_with_an_image(client, model, VLM_IMAGE_TOKENS)
 
 
 def test_responses_input_image(client: openai.OpenAI, model: str) -> None:

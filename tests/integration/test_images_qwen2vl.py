@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from conftest import BentoServer, pack, start_bento_server
-from test_images import BLUE, RED, first_log_probs, image_chat
+from test_images import BLUE, RED, check_chat_with_an_image, first_log_probs
 
 LIMITS = ("--max-input-len", "256", "--max-seq-len", "512")
 QWEN2VL = ("--demo-vlm", "--demo-vlm-family", "qwen2-vl", *LIMITS)
@@ -44,19 +44,4 @@ def test_the_image_reaches_the_model(client: openai.OpenAI, model: str) -> None:
 def test_an_image_request_is_answered_and_its_tokens_counted(
     client: openai.OpenAI, model: str
 ) -> None:
-    whole = client.chat.completions.create(
-        model=model, messages=image_chat(RED), max_tokens=6, temperature=0
-    )
-    assert whole.choices[0].message.content
-    text_only = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "What is in the picture?"}],
-        max_tokens=1,
-    )
-    assert whole.usage is not None and text_only.usage is not None
-    assert whole.usage.prompt_tokens == text_only.usage.prompt_tokens + IMAGE_PROMPT_TOKENS
-    stream = client.chat.completions.create(
-        model=model, messages=image_chat(RED), max_tokens=6, temperature=0, stream=True
-    )
-    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-    assert streamed == whole.choices[0].message.content
+    check_chat_with_an_image(client, model, IMAGE_PROMPT_TOKENS)

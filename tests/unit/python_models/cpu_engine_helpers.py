@@ -88,3 +88,15 @@ def make_sequences(
         sink = RecordingSink()
         pairs.append((GenRequest(sink=sink, **arguments), sink))
     return pairs
+
+
+def run_on(backend, requests: list[tuple[GenRequest, RecordingSink]]) -> list[list[int]]:
+    """run_to_end on a scheduler of its own over `backend`, stopped afterwards."""
+    from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler
+
+    scheduler = Scheduler(backend, max_batch_size=8)
+    scheduler.start()
+    try:
+        return run_to_end(scheduler, requests)
+    finally:
+        scheduler.stop()

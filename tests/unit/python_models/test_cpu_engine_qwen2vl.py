@@ -10,7 +10,7 @@ import io
 import os
 
 import pytest
-from cpu_engine_helpers import make_request, run_to_end
+from cpu_engine_helpers import make_request, run_on
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -52,15 +52,6 @@ def processor(checkpoint):
 @pytest.fixture
 def backend(checkpoint) -> HFBackend:
     return HFBackend(checkpoint, num_threads=1, device="cpu")
-
-
-def run(backend: HFBackend, requests: list) -> list:
-    scheduler = Scheduler(backend, max_batch_size=8)
-    scheduler.start()
-    try:
-        return run_to_end(scheduler, requests)
-    finally:
-        scheduler.stop()
 
 
 def run_staggered(backend: HFBackend, requests: list) -> list:
@@ -120,7 +111,7 @@ def test_images_and_text_in_one_step_equal_transformers(backend, processor) -> N
         make_request(text, 6, min_tokens=6, end_id=2),
         make_request(one, 6, images=[BLUE], min_tokens=6, end_id=2, **logged),
     ]
-    got = run(backend, requests)
+    got = run_on(backend, requests)
     assert got[:3] == [
         reference_greedy(backend.model, one_encoded, 6),
         reference_greedy(backend.model, two_encoded, 6),
@@ -152,7 +143,7 @@ def test_prompts_joining_beside_decoding_requests_equal_transformers(backend, pr
 def test_two_images_in_one_prompt_go_in_order(backend, processor) -> None:
     ids, encoded = prompt_with(processor, [WIDE, RED])
     swapped, encoded_swapped = prompt_with(processor, [RED, WIDE])
-    got = run(backend, [make_request(ids, 4, images=[WIDE, RED], min_tokens=4, end_id=2),
+    got = run_on(backend, [make_request(ids, 4, images=[WIDE, RED], min_tokens=4, end_id=2),
                         make_request(swapped, 4, images=[RED, WIDE], min_tokens=4, end_id=2)])  # fmt: skip
     assert got == [
         reference_greedy(backend.model, encoded, 4),
@@ -166,14 +157,14 @@ def test_a_prefix_cache_hit_keeps_the_requests_positions(checkpoint, processor) 
     table = BlockTable(block_size=4, max_blocks=256)
     backend = HFBackend(checkpoint, num_threads=1, device="cpu", reuse=table)
     ids, encoded = prompt_with(processor, [WIDE])
-    run(backend, [make_request(ids, 3, images=[WIDE], min_tokens=3, end_id=2)])
+    run_on(backend, [make_request(ids, 3, images=[WIDE], min_tokens=3, end_id=2)])
     longer, longer_encoded = prompt_with(processor, [WIDE], QUESTION + " Answer in one word.")
     again = make_request(ids, 5, images=[WIDE], min_tokens=5, end_id=2)
     extended = make_request(longer, 5, images=[WIDE], min_tokens=5, end_id=2)
     other_ids, other_encoded = prompt_with(processor, [OTHER_WIDE])
     assert other_ids == ids  # the same tokens: only the image differs
     other = make_request(ids, 5, images=[OTHER_WIDE], min_tokens=5, end_id=2)
-    got = run(backend, [again]) + run(backend, [extended]) + run(backend, [other])
+    got = run_on(backend, [again]) + run_on(backend, [extended]) + run_on(backend, [other])
     image_end = max(i for i, token in enumerate(ids) if token == backend._images.token_id)
     assert again[0].cached_tokens > image_end  # past the image: its tokens come from the cache
     assert extended[0].cached_tokens > image_end
@@ -193,7 +184,7 @@ def test_text_only_steps_pass_the_columns(backend, processor) -> None:
     )
     try:
         text, text_encoded = prompt_with(processor, [], "Hello there, what is new?")
-        got = run(backend, [make_request(text, 3, min_tokens=3, end_id=2)])
+        got = run_on(backend, [make_request(text, 3, min_tokens=3, end_id=2)])
     finally:
         hook.remove()
     assert got == [reference_greedy(backend.model, text_encoded, 3)]

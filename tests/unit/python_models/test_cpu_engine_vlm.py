@@ -8,7 +8,7 @@ import io
 import os
 
 import pytest
-from cpu_engine_helpers import make_request, run_to_end
+from cpu_engine_helpers import make_request, run_on
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -41,15 +41,6 @@ def processor(checkpoint):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(str(checkpoint))
-
-
-def run(backend: HFBackend, requests: list) -> list:
-    scheduler = Scheduler(backend, max_batch_size=8)
-    scheduler.start()
-    try:
-        return run_to_end(scheduler, requests)
-    finally:
-        scheduler.stop()
 
 
 def refusal(backend: HFBackend, request: tuple) -> str:
@@ -96,7 +87,7 @@ def test_images_reach_the_model_as_transformers_runs_it(checkpoint, processor) -
         make_request(prompts["blue"][0], 6, images=[blue], min_tokens=6, end_id=2, **logged),
         make_request(prompts["red"][0][:5], 6, min_tokens=6, end_id=2),  # text, same step
     ]
-    got = run(backend, requests)
+    got = run_on(backend, requests)
     assert got[0] == reference_greedy(backend.model, prompts["red"][1], 6)
     assert got[1] == reference_greedy(backend.model, prompts["blue"][1], 6)
     # The same tokens, another image: the model sees another prompt.
@@ -110,7 +101,7 @@ def test_two_images_in_one_prompt_go_in_order(checkpoint, processor) -> None:
     red, blue = png((200, 10, 10)), png((10, 10, 200))
     ids, encoded = prompt_with(processor, [red, blue])
     swapped, encoded_swapped = prompt_with(processor, [blue, red])
-    got = run(backend, [make_request(ids, 4, images=[red, blue], min_tokens=4, end_id=2),
+    got = run_on(backend, [make_request(ids, 4, images=[red, blue], min_tokens=4, end_id=2),
                         make_request(swapped, 4, images=[blue, red], min_tokens=4, end_id=2)])  # fmt: skip
     assert got == [
         reference_greedy(backend.model, encoded, 4),
@@ -133,13 +124,13 @@ def test_the_prefix_cache_never_matches_across_images(checkpoint, processor) -> 
     red, blue = png((200, 10, 10)), png((10, 10, 200))
     ids, encoded = prompt_with(processor, [red])
     first = make_request(ids, 3, images=[red], min_tokens=3, end_id=2)
-    run(backend, [first])
+    run_on(backend, [first])
     again = make_request(ids, 3, images=[red], min_tokens=3, end_id=2)
     other_ids, other_encoded = prompt_with(processor, [blue])
     assert other_ids == ids  # the same tokens: only the image differs
     other = make_request(other_ids, 3, images=[blue], min_tokens=3, end_id=2)
-    got = run(backend, [again])
-    got += run(backend, [other])
+    got = run_on(backend, [again])
+    got += run_on(backend, [other])
     assert again[0].cached_tokens > 0  # the same image: its blocks are reused
     assert other[0].cached_tokens == 0  # another image: nothing matches
     assert got == [
