@@ -317,8 +317,9 @@ class ChatCore:
             guide, guide_param = plan.guide, "tools"
         elif constraint is not None and plan.parses_calls:
             plan = ToolPlan("none", plan.tools)  # the answer follows the requested format
-        # Images are fetched and decoded off the event loop, whatever the body's size.
-        images = await self.generator.offloader.run(OFF_LOOP, self.load_images, request)
+        images: list[LoadedImage] = []
+        if first_image(request.messages) is not None:  # read off the loop, whatever the size
+            images = await self.generator.offloader.run(OFF_LOOP, self.load_images, request)
         prompt = await self.generator.offloader.run(size, self.render, request, plan)
         ids = None
         if images:
