@@ -5,6 +5,7 @@ control plane, and the environment its python stubs need."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import secrets
@@ -126,6 +127,29 @@ def check_ready(ports: TritonPorts, timeout: float) -> bool | None:
         return None
     except (OSError, ValueError):
         return False
+
+
+def models_not_ready(
+    ports: TritonPorts, timeout: float, headers: dict[str, str] | None = None
+) -> list[str] | None:
+    """The models of Triton's repository index that are not READY, each as "name (STATE:
+    reason)"; None when the index could not be read (nothing listens yet, or a timeout). The
+    index is a restricted API: `headers` carry the run's secret (ControlSecret.http_headers)."""
+    request = urllib.request.Request(
+        f"{ports.http_url}/v2/repository/index", data=b"{}", headers=headers or {}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            index = json.loads(response.read())
+    except (OSError, ValueError):  # URLError and HTTPError are OSErrors
+        return None
+    waiting = []
+    for model in index if isinstance(index, list) else []:
+        state = model.get("state") or "UNAVAILABLE"
+        if state != "READY":
+            reason = model.get("reason")
+            waiting.append(f"{model.get('name', '?')} ({state}{': ' + reason if reason else ''})")
+    return waiting
 
 
 def probe_ready(ports: TritonPorts, timeout: float) -> bool:

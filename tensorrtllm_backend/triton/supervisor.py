@@ -36,6 +36,7 @@ from .command import (
     build_command,
     choose_ports,
     loader_path,
+    models_not_ready,
     port_free,
     probe_ready,
     tritonserver_environment,
@@ -63,6 +64,7 @@ from .stub_watch import StubWatch
 
 logger = logging.getLogger(__name__)
 
+LOADING_REPORT_S = 30.0  # how often a slow start says what it waits for
 STUB_CHECK_TICKS = 5  # the watch loop ticks every 0.2 s: stubs are checked every second
 
 
@@ -400,6 +402,7 @@ class TritonSupervisor(TritonEndpoints):
     def _wait_until_ready(self, run: _Run) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
         polls = 0
+        next_report = time.monotonic() + LOADING_REPORT_S
         while time.monotonic() < deadline:
             if self._stop_event.is_set():
                 raise TritonStartupError("stopped while tritonserver was starting")
@@ -421,10 +424,28 @@ class TritonSupervisor(TritonEndpoints):
                     run.ports.grpc,
                 )
                 return
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + LOADING_REPORT_S
+                self._report_loading(run)
             time.sleep(0.2)
         raise TritonStartupError(
             f"tritonserver was not ready after {self.config.startup_timeout_s:.0f} s. "
             f"{log_excerpt(run.log_path)}"
+        )
+
+    def _report_loading(self, run: _Run) -> None:
+        """A start that takes long says what it waits for: a model still loading (a large
+        engine), one stuck, or a server that does not answer at all."""
+        waiting = models_not_ready(run.ports, 2.0, run.control.http_headers)
+        logger.warning(
+            "tritonserver (pid %d) not ready after %.0f s: %s",
+            run.process.pid,
+            time.monotonic() - run.started_at,
+            "its HTTP endpoint does not answer"
+            if waiting is None
+            else f"waiting for {', '.join(waiting)}"
+            if waiting
+            else "every model is READY, the server is not yet",
         )
 
     def _terminate(self, run: _Run, timeout_s: float) -> None:

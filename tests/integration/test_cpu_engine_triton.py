@@ -30,7 +30,7 @@ from tensorrtllm_backend.packing.demo import build_demo_checkpoint  # noqa: E402
 from tensorrtllm_backend.packing.repository import fill_repository  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.synthetic import predict_tokens  # noqa: E402
 from tensorrtllm_backend.triton.client import TritonLLMClient  # noqa: E402
-from tensorrtllm_backend.triton.command import TritonServerConfig  # noqa: E402
+from tensorrtllm_backend.triton.command import TritonServerConfig, models_not_ready  # noqa: E402
 from tensorrtllm_backend.triton.supervisor import TritonSupervisor  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -635,6 +635,12 @@ async def test_return_sequences_client_cancel_drops_all(client, triton):
             break
     iterator.cancel()
     await assert_cancelled(triton, MULTI, cancelled_before, 3)
+
+
+def test_a_ready_servers_repository_index_names_no_model_waiting(triton) -> None:
+    # What a slow start's report reads: the index is Triton's own, in the shape it really has.
+    assert models_not_ready(triton.ports, 10, triton.control.http_headers) == []
+    assert models_not_ready(triton.ports, 10) is None  # a restricted API: not without the secret
 
 
 def test_stub_that_outlives_tritonserver_is_killed(engine_dirs, tmp_path):

@@ -1,17 +1,24 @@
 """Readiness: /readyz's answer from the evidence gathered off the request path (checks of Triton's
 readiness endpoint, inference responses), weighed against the running process; and check_ready
-against a real HTTP server on loopback that answers ready, not ready, or too late."""
+against a real HTTP server on loopback that answers ready, not ready, or too late, and lists the
+models a slow start still waits for."""
 
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from tensorrtllm_backend.triton.command import TritonPorts, check_ready, find_free_port
+from tensorrtllm_backend.triton.command import (
+    TritonPorts,
+    check_ready,
+    find_free_port,
+    models_not_ready,
+)
 from tensorrtllm_backend.triton.readiness import Readiness
 
 PORTS = TritonPorts(grpc=1, http=2, metrics=3)
@@ -162,6 +169,7 @@ def test_the_answer_does_not_wait_for_a_check_in_progress() -> None:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     status = 200
+    index: list[dict[str, str]] = []
     delay = threading.Event()  # set: answer; clear: hold the answer back
 
     def do_GET(self) -> None:
@@ -170,6 +178,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(self.status)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def do_POST(self) -> None:
+        assert self.path == "/v2/repository/index"
+        body = json.dumps(self.index).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -203,3 +219,20 @@ def test_check_ready_tells_ready_not_ready_and_no_answer_apart(health_server) ->
 def test_check_ready_with_nothing_listening_is_not_ready() -> None:
     ports = TritonPorts(grpc=1, http=find_free_port(), metrics=3)
     assert check_ready(ports, timeout=5) is False
+
+
+def test_the_models_a_start_waits_for_are_named_from_the_repository_index(health_server) -> None:
+    ports, handler = health_server
+    handler.index = [
+        {"name": "preprocessing", "version": "1", "state": "READY"},
+        {"name": "tensorrt_llm", "version": "1", "state": "LOADING"},
+        {"name": "postprocessing", "state": "UNAVAILABLE", "reason": "unloaded"},
+    ]
+    assert models_not_ready(ports, timeout=10) == [
+        "tensorrt_llm (LOADING)",
+        "postprocessing (UNAVAILABLE: unloaded)",
+    ]
+    handler.index = [{"name": "preprocessing", "version": "1", "state": "READY"}]
+    assert models_not_ready(ports, timeout=10) == []
+    closed = TritonPorts(grpc=1, http=find_free_port(), metrics=3)
+    assert models_not_ready(closed, timeout=5) is None
