@@ -47,7 +47,11 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.native_api.render import native_response
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
-from tensorrtllm_backend.serving.parent_watch import follow_parent, on_stop_signal
+from tensorrtllm_backend.serving.parent_watch import (
+    dump_stacks_on_signal,
+    follow_parent,
+    on_stop_signal,
+)
 from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.request_timeout import run_request_timeout_inline
 from tensorrtllm_backend.serving.responses_api.sealing import share_reasoning_key
@@ -109,6 +113,7 @@ class TRTLLM:
     async def _start_triton(self) -> None:
         follow_parent()  # a worker outlives a killed `bentoml serve` otherwise
         on_stop_signal(self.runtime.wind_down)
+        dump_stacks_on_signal()
         try:
             await self.runtime.start()
         except TritonSetupError as error:

@@ -1,5 +1,6 @@
 """A BentoML worker follows its arbiter: when `bentoml serve` dies, the worker shuts down; and
-the worker learns at once when it is told to stop (:func:`on_stop_signal`).
+the worker learns at once when it is told to stop (:func:`on_stop_signal`); and it shows its
+threads' stacks when asked (:func:`dump_stacks_on_signal`).
 
 BentoML starts each worker in a session of its own, so a SIGKILL of `bentoml serve`, or of its
 process group, does not reach the workers: re-parented to init, each would keep the listening
@@ -8,9 +9,12 @@ dies (``PR_SET_PDEATHSIG``), and a daemon thread also compares the parent pid wi
 at start every second (for where prctl is missing). A worker whose arbiter died while it was
 still starting is already a child of init when it asks: a parent pid 1 that is not `bentoml
 serve` (as it is when a container starts it first) counts as a dead parent. All of these end in
-SIGTERM to the worker itself, the signal its arbiter sends to stop it: uvicorn shuts down, the service's on_shutdown hook stops tritonserver, the socket closes. A
-shutdown still running after `grace_s` (what the arbiter would have granted) ends in SIGKILL,
-which tritonserver follows through its own parent-death signal.
+what the arbiter sends to stop a worker: SIGTERM to the worker and to its children (BentoML's
+watchers stop children too), so the stop is the same as one by `bentoml serve`. tritonserver
+gives the requests in flight its exit timeout and ends them, so a stream in flight ends within
+seconds instead of holding the worker until the grace below runs out; uvicorn shuts down, the
+service's on_shutdown hook runs, the socket closes. A shutdown still running after `grace_s`
+ends in SIGKILL, which tritonserver follows through its own parent-death signal.
 
 Nothing here is on the request path: one syscall at start and one `getppid()` a second.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -28,11 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _INIT_PID = 1
-# circus' graceful_timeout: how long `bentoml serve` lets a stopping worker take.
+# How long a worker whose arbiter is gone may take to stop (circus' default graceful_timeout;
+# BentoML's watchers wait a day, but no arbiter is left to wait here).
 ARBITER_GRACE_S = 30.0
 
 
@@ -62,8 +70,20 @@ def request_parent_death_signal(sig: int) -> bool:
     return False
 
 
+def stop_as_the_arbiter_would() -> None:
+    """SIGTERM to this process, then to each of its children, as circus stops a worker with
+    `stop_children` (BentoML's setting): the worker first, so it winds down before its
+    tritonserver exits (see TritonSupervisor.wind_down)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signal.SIGTERM)
+
+
 class ParentWatch:
-    """SIGTERM to this process once its parent is gone; SIGKILL `grace_s` later if still alive."""
+    """Stop this process and its children once its parent is gone; SIGKILL `grace_s` later if
+    still alive."""
 
     def __init__(self, interval_s: float = 1.0, grace_s: float = ARBITER_GRACE_S) -> None:
         self.interval_s = interval_s
@@ -86,7 +106,7 @@ class ParentWatch:
         while not self._orphaned():
             time.sleep(self.interval_s)
         logger.warning("the parent of this worker (`bentoml serve`) is gone: shutting down")
-        os.kill(os.getpid(), signal.SIGTERM)
+        stop_as_the_arbiter_would()
         time.sleep(self.grace_s)
         logger.error("shutdown still running after %.0f s: killing this worker", self.grace_s)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -126,3 +146,12 @@ def on_stop_signal(callback: Callable[[], None]) -> None:
                 os.kill(os.getpid(), signum)
 
         signal.signal(sig, handler)
+
+
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def dump_stacks_on_signal() -> None:
+    """SIGUSR1 writes the stack of every thread of this worker to its stderr (the service log):
+    what a worker that stopped making progress is waiting on, without stopping it."""
+    faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
