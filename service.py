@@ -47,6 +47,7 @@ from tensorrtllm_backend.serving.guard import GuardMiddleware
 from tensorrtllm_backend.serving.metrics_export import build_triton_metrics_app
 from tensorrtllm_backend.serving.native_api.render import native_response
 from tensorrtllm_backend.serving.openai_api.routes import build_openai_app
+from tensorrtllm_backend.serving.openapi_docs import OpenAPIDocsMiddleware
 from tensorrtllm_backend.serving.parent_watch import (
     dump_stacks_on_signal,
     follow_parent,
@@ -56,7 +57,12 @@ from tensorrtllm_backend.serving.request_errors import RequestError
 from tensorrtllm_backend.serving.request_timeout import run_request_timeout_inline
 from tensorrtllm_backend.serving.responses_api.sealing import share_reasoning_key
 from tensorrtllm_backend.serving.runtime import LLMRuntime
-from tensorrtllm_backend.serving.schemas import GenerateRequest, GenerateResponse, SamplingParams
+from tensorrtllm_backend.serving.schemas import (
+    GenerateRequest,
+    GenerateResponse,
+    PlainTextStream,
+    SamplingParams,
+)
 from tensorrtllm_backend.serving.streaming import coalesce, join_text
 from tensorrtllm_backend.settings import load_settings
 from tensorrtllm_backend.triton.install import TritonSetupError
@@ -158,7 +164,7 @@ class TRTLLM:
             written_ids=ids.written, images=images,
         )  # fmt: skip
 
-    @bentoml.api(input_spec=GenerateRequest)
+    @bentoml.api(input_spec=GenerateRequest, output_spec=PlainTextStream)
     async def generate(self, **fields: Any) -> AsyncGenerator[str, None]:
         """Stream the completion of `prompt` as text chunks."""
         try:
@@ -221,6 +227,9 @@ def _not_ready_reason() -> str | None:
 
 TRTLLM.add_asgi_middleware(NativeErrorMiddleware)
 TRTLLM.add_asgi_middleware(GuardMiddleware)
+# /docs.json with the mounted apps' routes too (it is open: the guard passes it through). The
+# live list: read at the first /docs.json, once every app below is mounted.
+TRTLLM.add_asgi_middleware(OpenAPIDocsMiddleware, mounts=TRTLLM.mount_apps)
 # /health, /tokenize, /detokenize and /tokenizer_info at the root, as vLLM serves them (BentoML's
 # mounts answer only the paths their routes match, so the root stays BentoML's).
 TRTLLM.mount_asgi_app(root_app(_current_chat, _not_ready_reason), path="/")

@@ -71,7 +71,9 @@ APIS: tuple[API, ...] = (
     API("/tokenizer_info", ErrorStyle.OPENAI),
     # Any other path under /v1: an error object, not BentoML's plain-text 404.
     API("/v1/{path:path}", ErrorStyle.OPENAI),
-    # BentoML's own endpoints and the optional relay of Triton's metrics.
+    # BentoML's own endpoints and the optional relay of Triton's metrics. /schema.json says what
+    # /docs.json says, and BentoML's clients read it before their first call: open, that call
+    # is the one that gets the 401 naming the header to send.
     *(
         API(path, open=True)
         for path in (
@@ -80,8 +82,8 @@ APIS: tuple[API, ...] = (
             "/healthz",
             "/metrics",
             "/triton/metrics",
-            "/docs",
             "/docs.json",
+            "/schema.json",
             "/",
         )
     ),  # fmt: skip

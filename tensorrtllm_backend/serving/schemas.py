@@ -9,8 +9,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
+from _bentoml_sdk.io_models import IORootModel
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -127,6 +128,13 @@ class SamplingParams(BaseModel):
         if self.top_log_probs and not self.return_log_probs:
             raise ValueError("top_log_probs needs return_log_probs: true")
         return self
+
+
+class PlainTextStream(IORootModel[str]):
+    """What `/generate` streams: raw pieces of text, not server-sent events (BentoML labels a
+    stream `text/event-stream` unless its output spec names another media type)."""
+
+    media_type: ClassVar[str | None] = "text/plain"
 
 
 class GenerateRequest(SamplingParams):

@@ -151,3 +151,19 @@ def test_openapi_documents_guided_decoding(demo_server: BentoServer) -> None:
     assert "guided_decoding" in text and "GuidedDecoding" in text
     for kind in ("json_schema", "regex", "ebnf_grammar", "structural_tag"):
         assert kind in text
+
+
+def test_openapi_documents_the_mounted_apis(demo_server: BentoServer) -> None:
+    """/docs.json lists the /v1 and root apps' routes beside BentoML's, and the Swagger UI that
+    reads it (BentoML 1.4 serves it at /, not at /docs) still loads."""
+    response = httpx.get(f"{demo_server.url}/docs.json", timeout=TIMEOUT)
+    assert response.status_code == 200
+    assert int(response.headers["content-length"]) == len(response.content)
+    spec = response.json()
+    paths = spec["paths"]
+    assert {"/v1/messages", "/tokenize", "/health", "/generate_text"} <= set(paths)
+    body = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    name = body["schema"]["$ref"].rsplit("/", 1)[1]
+    assert "messages" in spec["components"]["schemas"][name]["properties"]
+    page = httpx.get(f"{demo_server.url}/", timeout=TIMEOUT)
+    assert page.status_code == 200 and "swagger" in page.text.lower()

@@ -9,6 +9,7 @@ import ipaddress
 import re
 import threading
 from collections.abc import Callable
+from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ import openai
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from bentoml.exceptions import BentoMLException
 from test_server import echo, kill_all, process_tree, write_echo_repository
 from tritonclient.utils import InferenceServerException
 
@@ -101,7 +103,7 @@ def test_api_key_is_required(secured: BentoServer, method: str, path: str, body)
     assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("path", ["/readyz", "/livez", "/health", "/metrics"])
+@pytest.mark.parametrize("path", ["/readyz", "/livez", "/health", "/metrics", "/schema.json"])
 def test_health_and_metrics_stay_open(secured: BentoServer, path: str) -> None:
     assert httpx.get(secured.url + path, timeout=TIMEOUT).status_code == 200
 
@@ -119,6 +121,22 @@ def test_clients_send_the_key(secured: BentoServer) -> None:
     wrong = openai.OpenAI(base_url=f"{secured.url}/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
+
+
+def test_a_bentoml_client_without_the_key_is_told_the_header_to_send(secured: BentoServer) -> None:
+    """BentoML's client reads /schema.json (open) before its first call: that call gets the 401,
+    and the client raises it with the body, which names the header."""
+    with bentoml.SyncHTTPClient(secured.url, timeout=TIMEOUT) as client:
+        with pytest.raises(BentoMLException) as whole:
+            client.generate_text(prompt="hi", max_tokens=2)
+        with pytest.raises(BentoMLException) as streamed:
+            list(client.generate(prompt="hi", max_tokens=2))
+    for caught in (whole, streamed):
+        assert caught.value.error_code == HTTPStatus.UNAUTHORIZED
+        assert "Authorization: Bearer <key>" in str(caught.value), caught.value
+    with bentoml.SyncHTTPClient(secured.url, token=KEY, timeout=TIMEOUT) as client:
+        chunks = list(client.generate(prompt="hi", max_tokens=3, ignore_eos=True))
+    assert chunks and all(isinstance(chunk, str) for chunk in chunks), chunks
 
 
 def test_anthropic_clients_send_the_key_as_x_api_key(secured: BentoServer) -> None:

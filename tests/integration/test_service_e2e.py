@@ -53,6 +53,12 @@ def test_generate_streams_text_chunks(demo_server: BentoServer) -> None:
     assert len(chunks) > 1, "a 24-token completion should arrive in several chunks"
     assert all(isinstance(chunk, str) for chunk in chunks)
     assert "".join(chunks).strip()
+    # The body is the text itself, and its content type says so (not server-sent events).
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0.0}
+    with httpx.stream("POST", f"{demo_server.url}/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/plain; charset=utf-8"
+        assert response.read().decode() == "".join(chunks)
 
 
 def test_generate_text_returns_text_usage_and_finish_reason(demo_server: BentoServer) -> None:
