@@ -387,9 +387,11 @@ class KvEventBridge:
 
     The LLM API gives dicts (TensorRT-LLM's KVCacheEventSerializer): "created" (the cache is new:
     AllBlocksCleared), "stored" (blocks with their token ids, after `parent_hash`), "removed",
-    "updated" (priority or cache level: nothing a router needs). Blocks not full (fewer tokens
-    than the engine's block size) are left out, as Dynamo's publisher does, and so is their
-    later removal; with sliding-window layers only the largest window's events count."""
+    "updated" (priority or cache level: dropped, since a block moved to host memory stays
+    reusable, and "removed" follows when it leaves). Blocks not full (fewer tokens than the
+    engine's block size) are left out, as Dynamo's publisher does, and so is their later
+    removal; with sliding-window layers only the largest window's events count. With attention
+    data parallelism every rank's events (`attention_dp_rank`) go to this one stream."""
 
     def __init__(self, llm: Any, publisher: KvEventPublisher, block_size: int) -> None:
         self._llm = llm

@@ -14,7 +14,16 @@ What it holds to the letter, so that a call the real API would reject fails here
   set before the LLM is built; images sent to the default one fail (the real API drops them);
 - RequestOutput / CompletionOutput have the documented attributes; a streaming RequestOutput is
   the same object updated in place at each yield, with `*_diff` properties, `abort()` ends it
-  with finish_reason "cancelled", and a per-request failure raises RequestError on iteration.
+  with finish_reason "cancelled", and a per-request failure raises RequestError on iteration;
+- with kv_cache_config.event_buffer_max_size set, get_kv_cache_events_async yields the recorded
+  KV-cache events (:func:`kv_event` builds each from the recorded schema, and they arrive as
+  JSON-decoded dicts): "created" per attention window when the LLM is built, and, as each
+  request finishes, its blocks (all but the last token, the last block maybe partial) "stored",
+  blocks evicted to make room "removed" (least recently used leaves first), or, when
+  `fake.kv_host_blocks` gives a host level, moved there and back as "updated" cache levels.
+  `fake.kv_window_sizes` lists the attention windows: each has its own cache and events, the
+  smaller ones fewer blocks. Unlike the real iterator (which waits `timeout` for an event, then
+  stays ended until the next generate_async), the fake's ends as soon as none is queued.
 
 Its "model" is scripted: sequence i of a request emits the tokens 100 + 10 * i + step, each
 step's log probs ranked (the token itself at rank 1), text "<id>" per token. Asked for context
@@ -34,6 +43,8 @@ import json
 import os
 import sys
 import types
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +177,13 @@ class CompletionOutput:
 class RequestOutput:
     """One request: updated in place by its generation task, iterated by the caller."""
 
-    def __init__(self, fake: types.ModuleType, prompt_ids: list[int], params: Any) -> None:
+    def __init__(
+        self,
+        fake: types.ModuleType,
+        prompt_ids: list[int],
+        params: Any,
+        on_finish: Callable[[list[int]], None] | None = None,
+    ) -> None:
         for name in API["RequestOutput"]:
             if name not in ("abort", "aborted", "result", "aresult"):
                 setattr(self, name, None)
@@ -177,6 +194,7 @@ class RequestOutput:
         self.finished = False
         self.cached_tokens = 3
         self._aborted = False
+        self._on_finish = on_finish  # called with the finished sequence (sequence 0)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._generate())
         self._error: BaseException | None = None
@@ -221,7 +239,10 @@ class RequestOutput:
                 if output.finish_reason is not None and params.return_perf_metrics:
                     output.request_perf_metrics = _perf_metrics()
             step += 1
-            self.finished = all(o.finish_reason is not None for o in self.outputs)
+            finished = all(o.finish_reason is not None for o in self.outputs)
+            if finished and self._on_finish is not None:
+                self._on_finish(self.prompt_token_ids + self.outputs[0].token_ids)
+            self.finished = finished
             self._queue.put_nowait(None)
             if self.finished:
                 return
@@ -265,6 +286,133 @@ def _perf_metrics() -> Any:
     )
 
 
+KV_EVENTS = API["kv_cache_events"]
+PRIMARY, SECONDARY = 0, 1  # cache levels: GPU, host
+DEFAULT_PRIORITY = 35  # a stored block's retention priority unless the request sets one
+DEFAULT_WINDOW = 2048  # the fake's attention window (a model without sliding windows: max_seq_len)
+DEFAULT_GPU_BLOCKS = 64  # per window, without kv_cache_config.max_tokens
+_HASH_MASK = (1 << 64) - 1  # block hashes are uint64
+
+
+def kv_event(kind: str, **fields: Any) -> dict[str, Any]:
+    """One dict of TensorRT-LLM's KV-cache events as KVCacheEventSerializer writes it, from the
+    recorded schema: `kind` is a data type (created, stored, removed, updated), a part
+    (stored_block, unique_token, event_diff) or "event" (the envelope, whose optional keys may be
+    given too). Exactly the recorded keys, in their order; a missing or unknown one fails."""
+    if kind == "event":
+        schema: dict[str, Any] = dict.fromkeys(KV_EVENTS["envelope"])
+        optional = set(KV_EVENTS["envelope_optional"])
+    else:
+        schema = KV_EVENTS["data"].get(kind) or KV_EVENTS["parts"][kind]
+        optional = set()
+    required = set(schema) - {"type"}
+    if missing := required - set(fields):
+        raise TypeError(f"a {kind} event lacks {sorted(missing)}")
+    if unknown := set(fields) - required - optional:
+        raise TypeError(f"a {kind} event has no {sorted(unknown)}")
+    event = {name: schema["type"] if name == "type" else fields[name] for name in schema}
+    return event | {name: fields[name] for name in sorted(optional & set(fields))}
+
+
+def stored_block(block_hash: int, tokens: list[int], level: int = PRIMARY) -> dict[str, Any]:
+    """A "stored" event's block: its text tokens (token_extra_id 0), default priority."""
+    unique = [kv_event("unique_token", token_id=t, token_extra_id=0) for t in tokens]
+    return kv_event("stored_block", block_hash=block_hash, tokens=unique, cache_level=level,
+                    priority=DEFAULT_PRIORITY)  # fmt: skip
+
+
+def level_change(block_hash: int, old: int, new: int) -> dict[str, Any]:
+    """An "updated" event's data for a block moved between cache levels (priority unchanged)."""
+    return kv_event(
+        "updated",
+        block_hash=block_hash,
+        cache_level=kv_event("event_diff", new_value=new, old_value=old),
+        priority=kv_event("event_diff", new_value=DEFAULT_PRIORITY, old_value=DEFAULT_PRIORITY),
+    )
+
+
+@dataclasses.dataclass
+class KvBlock:
+    parent: int | None
+    tokens: list[int]
+    level: int = PRIMARY
+
+
+class KvCache:
+    """One attention window's block manager, as its events tell it: a tree of reusable blocks
+    (hash: the parent's and the block's tokens), GPU blocks and optionally host blocks. A block
+    that needs room evicts the least recently used one outside its own chain, a leaf first: to
+    the host level when there is one ("updated"), else out ("removed"); a host block it
+    displaces goes out. A reused host block comes back to the GPU ("updated")."""
+
+    def __init__(self, tokens_per_block: int, gpu_blocks: int, host_blocks: int,
+                 emit: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+        self.tokens_per_block = tokens_per_block
+        self.capacity = {PRIMARY: gpu_blocks, SECONDARY: host_blocks}
+        self.blocks: dict[int, KvBlock] = {}
+        self._recent: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        self._emit = emit
+
+    def held(self) -> dict[int, int]:
+        """What the cache holds, at either level: block hash -> its number of tokens."""
+        return {block_hash: len(block.tokens) for block_hash, block in self.blocks.items()}
+
+    def store(self, tokens: list[int]) -> None:
+        chain: list[int] = []
+        new: list[int] = []
+        parent = None
+        for start in range(0, len(tokens), self.tokens_per_block):
+            chunk = tokens[start : start + self.tokens_per_block]
+            block_hash = hash((parent, tuple(chunk))) & _HASH_MASK
+            block = self.blocks.get(block_hash)
+            if block is None or block.level == SECONDARY:
+                if not self._make_room(PRIMARY, [*chain, block_hash]):
+                    break  # the chain fills the cache: the rest is not kept
+                if block is None:
+                    self.blocks[block_hash] = KvBlock(parent, chunk)
+                    new.append(block_hash)
+                else:
+                    block.level = PRIMARY
+                    self._emit(level_change(block_hash, SECONDARY, PRIMARY))
+            self._recent[block_hash] = None
+            self._recent.move_to_end(block_hash)
+            chain.append(block_hash)
+            parent = block_hash
+        if new:
+            blocks = [stored_block(h, self.blocks[h].tokens) for h in new]
+            self._emit(kv_event("stored", parent_hash=self.blocks[new[0]].parent, blocks=blocks))
+
+    def _make_room(self, level: int, keep: list[int]) -> bool:
+        while sum(block.level == level for block in self.blocks.values()) >= self.capacity[level]:
+            parents = {block.parent for block in self.blocks.values()}
+            candidates = [
+                h for h in self._recent if self.blocks[h].level == level and h not in keep
+            ]
+            if not candidates:
+                return False
+            victim = next((h for h in candidates if h not in parents), candidates[0])
+            if level == PRIMARY and self.capacity[SECONDARY]:
+                if not self._make_room(SECONDARY, keep):
+                    return False
+                self.blocks[victim].level = SECONDARY
+                self._emit(level_change(victim, PRIMARY, SECONDARY))
+            else:
+                self._remove(victim)
+        return True
+
+    def _remove(self, victim: int) -> None:
+        """The block out of the cache, with its descendants (deepest first): one event."""
+        gone = [victim]
+        for position in range(len(self.blocks)):
+            if position == len(gone):
+                break
+            gone += [h for h, block in self.blocks.items() if block.parent == gone[position]]
+        for block_hash in reversed(gone):
+            del self.blocks[block_hash]
+            del self._recent[block_hash]
+        self._emit(kv_event("removed", block_hashes=list(reversed(gone))))
+
+
 def _signature(names: list[str], first_required: int) -> inspect.Signature:
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     for position, name in enumerate(names):
@@ -279,10 +427,12 @@ def _signature(names: list[str], first_required: int) -> inspect.Signature:
 
 
 class LLM:
-    """tensorrt_llm.LLM: the documented constructor and generate_async."""
+    """tensorrt_llm.LLM: the documented constructor, generate_async and KV-cache events."""
 
     _init_signature = _signature(API["LLM_init"], 1)
     _generate_signature = _signature(API["generate_async"], 1)
+    _events_signature = _signature(API["get_kv_cache_events_async"], 0)
+    _events_sync_signature = _signature(API["get_kv_cache_events"], 0)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         bound = self._init_signature.bind(self, *args, **kwargs)
@@ -296,7 +446,48 @@ class LLM:
         processor = BaseMultimodalInputProcessor if fake.multimodal else DefaultInputProcessor
         self.input_processor = processor()
         self.kv_events: list[dict[str, Any]] = []  # queued for get_kv_cache_events_async
+        self.kv_event_log: list[dict[str, Any]] = []  # every event queued, for the tests
+        self.kv_caches: dict[int, KvCache] = {}  # attention window -> its cache
+        self._next_event_id = 0
+        self._submitted = False
+        if self._kv_config("event_buffer_max_size"):
+            self._build_kv_caches()
         fake.llms.append(self)
+
+    def _kv_config(self, name: str) -> Any:
+        """A KvCacheConfig field (a recorded one) as model.yaml set it, else its default."""
+        default = API["llm_args"][f"kv_cache_config.{name}"]
+        config = self.args.get("kv_cache_config") or {}
+        return config.get(name, default) if isinstance(config, dict) else default
+
+    def _build_kv_caches(self) -> None:
+        size = int(self._kv_config("tokens_per_block"))
+        max_tokens = self._kv_config("max_tokens")
+        gpu = int(max_tokens) // size if max_tokens else DEFAULT_GPU_BLOCKS
+        windows = list(fake.kv_window_sizes)
+        for window in windows:
+            blocks = max(1, gpu * window // max(windows))
+            self._queue_kv_event(kv_event("created", num_blocks_per_cache_level=[
+                blocks, fake.kv_host_blocks]), window)  # fmt: skip
+            if self._kv_config("enable_block_reuse"):
+                emit = lambda data, w=window: self._queue_kv_event(data, w)  # noqa: E731
+                self.kv_caches[window] = KvCache(size, blocks, fake.kv_host_blocks, emit)
+
+    def _queue_kv_event(self, data: dict[str, Any], window: int) -> None:
+        """Queued as the engine does: consecutive removals of one window make one event."""
+        last = self.kv_events[-1] if self.kv_events else None
+        if (data["type"] == "removed" and last is not None and last["window_size"] == window
+                and last["data"]["type"] == "removed"):  # fmt: skip
+            last["data"]["block_hashes"] += data["block_hashes"]
+            return
+        event = kv_event("event", event_id=self._next_event_id, data=data, window_size=window)
+        self._next_event_id += 1
+        self.kv_events.append(event)
+        self.kv_event_log.append(event)
+
+    def _store_kv_blocks(self, sequence: list[int]) -> None:
+        for cache in self.kv_caches.values():
+            cache.store(sequence[:-1])  # the last token's KV is not kept for reuse
 
     def generate_async(self, *args: Any, **kwargs: Any) -> RequestOutput:
         if args:
@@ -308,40 +499,31 @@ class LLM:
         fake.calls.append(call)
         prompt_ids = _prompt_ids(call["inputs"], self.input_processor)
         params = call.get("sampling_params") or SamplingParams()
-        self._queue_kv_events(prompt_ids)
-        return RequestOutput(fake, prompt_ids, params)
+        self._submitted = True
+        return RequestOutput(fake, prompt_ids, params, on_finish=self._store_kv_blocks)
 
-    def _queue_kv_events(self, prompt_ids: list[int]) -> None:
-        """With an event buffer, the events TensorRT-LLM's KVCacheEventSerializer gives: the
-        cache created (first request), then the prompt's blocks stored, the last one partial."""
-        config = self.args.get("kv_cache_config") or {}
-        if not config.get("event_buffer_max_size"):
-            return
-        size = int(config.get("tokens_per_block") or 32)
-        if not fake.kv_event_ids:
-            self.kv_events.append({"event_id": 0, "data": {"type": "created",
-                                   "num_blocks_per_cache_level": [64, 0]}, "window_size": 2048})  # fmt: skip
-        blocks, parent = [], None
-        for start in range(0, len(prompt_ids), size):
-            chunk = prompt_ids[start : start + size]
-            block_hash = hash((parent, tuple(chunk))) & (2**64 - 1)
-            tokens = [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in chunk]
-            blocks.append({"type": "stored_block", "block_hash": block_hash, "tokens": tokens,
-                           "cache_level": 0, "priority": 35})  # fmt: skip
-            parent = block_hash
-        fake.kv_event_ids.append(len(fake.kv_event_ids) + 1)
-        self.kv_events.append({"event_id": fake.kv_event_ids[-1], "window_size": 2048,
-                               "data": {"type": "stored", "parent_hash": None, "blocks": blocks}})  # fmt: skip
-
-    def get_kv_cache_events_async(self, timeout: float = 2) -> Any:
-        """An async iterator of the queued events; it ends when none is left."""
+    def get_kv_cache_events_async(self, *args: Any, **kwargs: Any) -> Any:
+        """An async iterator of the queued events, each as the LLM API gives it (json.loads of
+        the serialized event); it ends when none is left."""
+        self._events_signature.bind(self, *args, **kwargs)
+        self._check_events_exist()
 
         async def events() -> Any:
             while self.kv_events:
-                yield self.kv_events.pop(0)
+                yield json.loads(json.dumps(self.kv_events.pop(0)))
             await asyncio.sleep(0)
 
         return events()
+
+    def get_kv_cache_events(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        self._events_sync_signature.bind(self, *args, **kwargs)
+        self._check_events_exist()
+        events, self.kv_events = self.kv_events, []
+        return json.loads(json.dumps(events))
+
+    def _check_events_exist(self) -> None:
+        if not self._submitted:  # the executor builds its event queue on the first request
+            raise AssertionError("KV Event IterationResult is not properly instantiated.")
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -376,6 +558,8 @@ fake = _module(
     aborted=[],
     step_s=0.001,
     multimodal=False,  # the next LLM built is a vision-language model's
+    kv_window_sizes=(DEFAULT_WINDOW,),  # the next LLM's attention windows
+    kv_host_blocks=0,  # the next LLM's host (secondary) blocks per window
 )
 MODULES = {
     "tensorrt_llm": fake,
@@ -408,8 +592,9 @@ def install(monkeypatch: Any) -> types.ModuleType:
     monkeypatch.setattr(fake, "llms", [])
     monkeypatch.setattr(fake, "aborted", [])
     monkeypatch.setattr(fake, "reused_prompt_tokens", 0, raising=False)
-    monkeypatch.setattr(fake, "kv_event_ids", [], raising=False)
     monkeypatch.setattr(fake, "multimodal", False)
+    monkeypatch.setattr(fake, "kv_window_sizes", (DEFAULT_WINDOW,))
+    monkeypatch.setattr(fake, "kv_host_blocks", 0)
     monkeypatch.delitem(
         sys.modules, "tensorrtllm_backend.python_models.llmapi.trtllm", raising=False
     )

@@ -69,61 +69,34 @@ def test_a_subscriber_rebuilds_what_the_cache_holds_from_its_events(monkeypatch)
     format; a pyzmq subscriber that applies them (stored adds, removed drops, cleared empties)
     holds exactly the cache's blocks after a workload with evictions."""
     import random
-    import socket
 
-    import msgpack
-    import zmq
+    from kv_event_subscriber import BlockIndex, free_endpoint
 
     from tensorrtllm_backend.python_models.cpu_engine.loading import prefix_cache
     from tests.waiting import wait_for
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", f"tcp://127.0.0.1:{port}")
-    context = zmq.Context.instance()
-    subscriber = context.socket(zmq.SUB)
-    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
-    subscriber.connect(f"tcp://127.0.0.1:{port}")
-    cache = prefix_cache(block_size=4, max_tokens=40)  # 10 blocks: the workload evicts
-    try:
-        held: set[int] = set()
-        received = [0]
-
-        def drain() -> bool:
-            while subscriber.poll(0):
-                _topic, _seq, payload = subscriber.recv_multipart()
-                _ts, events, _rank = msgpack.unpackb(payload)
-                for event in events:
-                    if event["type"] == "BlockStored":
-                        assert len(event["token_ids"]) == 4 * len(event["block_hashes"])
-                        held.update(event["block_hashes"])
-                    elif event["type"] == "BlockRemoved":
-                        held.difference_update(event["block_hashes"])
-                    else:
-                        held.clear()
-                received[0] += 1
-            return held == cache.table.held()
-
-        # The subscription takes a moment to reach the publisher: a first batch to wait for.
-        assert cache.events is not None
-
-        def heard() -> bool:  # the cache is empty still: a "cleared" changes nothing
-            assert cache.events is not None
-            cache.events.publish([AllBlocksCleared()])
-            drain()
-            return received[0] > 0
-
-        assert wait_for(heard, 10)
-        rng = random.Random(3)
-        prefixes = [[rng.randrange(100) for _ in range(12)] for _ in range(4)]
-        for _ in range(60):
-            tokens = rng.choice(prefixes) + [rng.randrange(100) for _ in range(rng.randrange(9))]
-            hashes = chain_hashes(tokens, 4)
-            cache.table.match(hashes)
-            cache.table.store(hashes, tokens)
-        assert cache.table.held(), "the workload stored nothing"
-        assert wait_for(drain, 10), (held, cache.table.held())
-    finally:
-        cache.close()
-        subscriber.close(linger=0)
+    endpoint = free_endpoint()
+    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", endpoint)
+    with BlockIndex(endpoint, block_size=4) as index:
+        cache = prefix_cache(block_size=4, max_tokens=40)  # 10 blocks: the workload evicts
+        try:
+            events = cache.events
+            assert events is not None
+            # The cache is empty still: a "cleared" changes nothing.
+            assert wait_for(lambda: index.heard(lambda: events.publish([AllBlocksCleared()])), 10)
+            rng = random.Random(3)
+            prefixes = [[rng.randrange(100) for _ in range(12)] for _ in range(4)]
+            for _ in range(60):
+                tokens = rng.choice(prefixes) + [
+                    rng.randrange(100) for _ in range(rng.randrange(9))
+                ]
+                hashes = chain_hashes(tokens, 4)
+                cache.table.match(hashes)
+                cache.table.store(hashes, tokens)
+            assert cache.table.held(), "the workload stored nothing"
+            assert wait_for(lambda: index.drain() == cache.table.held(), 10), (
+                index.held,
+                cache.table.held(),
+            )
+        finally:
+            cache.close()

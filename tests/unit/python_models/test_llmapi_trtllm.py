@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 from pathlib import Path
 
 import fake_tensorrt_llm
 import llmapi_harness as harness
 import pytest
+
+from tensorrtllm_backend.python_models.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 MODEL_YAML = {
     "model": "/models/llama",
@@ -328,45 +331,204 @@ def test_the_llm_apis_kv_cache_events_are_published_in_vllms_format(
 ) -> None:
     """With TRTLLM_KV_EVENTS_ENDPOINT set, the LLM is built with block reuse and an event
     buffer, and its events reach a ZeroMQ subscriber as vLLM's: the cache's creation as
-    AllBlocksCleared, a prompt's full blocks as BlockStored (its partial last block left out)."""
-    import socket
-
-    import msgpack
-    import zmq
+    AllBlocksCleared, a finished request's full blocks as BlockStored (its partial last block
+    left out)."""
+    from kv_event_subscriber import BlockIndex, free_endpoint
 
     from tests.waiting import wait_for
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", f"tcp://127.0.0.1:{port}")
-    subscriber = zmq.Context.instance().socket(zmq.SUB)
-    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
-    subscriber.connect(f"tcp://127.0.0.1:{port}")
+    endpoint = free_endpoint()
+    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", endpoint)
     started = serve(monkeypatch, tmp_path, kv_cache_config={"tokens_per_block": 8})
     try:
         (llm,) = fake.llms
         assert llm.args["kv_cache_config"]["event_buffer_max_size"] > 0
         assert llm.args["kv_cache_config"]["enable_block_reuse"] is True
-        events: list[dict] = []
-
-        def stored() -> bool:
+        with BlockIndex(endpoint, block_size=8) as index:
+            publisher = started.engine._events  # the engine's publisher: probe the subscription
+            assert wait_for(
+                lambda: index.heard(lambda: publisher.publish([AllBlocksCleared()])), 10
+            )
             request = harness.token_request(list(range(1, 21)), sampling_param_max_tokens=1,
                                             sampling_param_exclude_input_from_output=True)  # fmt: skip
             started.execute([request])
             request.wait()
-            while subscriber.poll(100):
-                _topic, _seq, payload = subscriber.recv_multipart()
-                events.extend(msgpack.unpackb(payload)[1])
-            return any(event["type"] == "BlockStored" for event in events)
-
-        assert wait_for(stored, 10), events
-        block = next(event for event in events if event["type"] == "BlockStored")
+            assert wait_for(lambda: index.drain() and index.events["BlockStored"], 10), index.log
+        block = next(event for event in index.log if event["type"] == "BlockStored")
         assert block["token_ids"] == list(range(1, 17)) and block["block_size"] == 8
         assert len(block["block_hashes"]) == 2 and block["parent_block_hash"] is None
     finally:
         started.finalize()
-        subscriber.close(linger=0)
+
+
+# What the LLM API yields (KVCacheEventSerializer's dicts, JSON-decoded), built from the recorded
+# schema (tests/data/llmapi_python_api.json, "kv_cache_events") by the fake.
+BIG_HASH = 2**64 - 5  # block hashes are uint64: above 2**63 too
+
+
+def llm_api_event(data: dict, window: int = 2048, event_id: int = 1) -> dict:
+    event = fake_tensorrt_llm.kv_event("event", event_id=event_id, data=data, window_size=window)
+    return json.loads(json.dumps(event))
+
+
+def stored(parent: int | None, *blocks: tuple[int, list[int]]) -> dict:
+    chain = [fake_tensorrt_llm.stored_block(block_hash, tokens) for block_hash, tokens in blocks]
+    return fake_tensorrt_llm.kv_event("stored", parent_hash=parent, blocks=chain)
+
+
+def removed(*hashes: int) -> dict:
+    return fake_tensorrt_llm.kv_event("removed", block_hashes=list(hashes))
+
+
+def created() -> dict:
+    return fake_tensorrt_llm.kv_event("created", num_blocks_per_cache_level=[64, 0])
+
+
+def bridge(block_size: int = 4):
+    """The adapter's KvEventBridge, to translate with (no LLM, no publisher)."""
+    from tensorrtllm_backend.python_models.llmapi.trtllm import KvEventBridge
+
+    return KvEventBridge(None, None, block_size)
+
+
+def translated(events: list[dict], block_size: int = 4) -> list[list]:
+    """What one bridge makes of each event, in order."""
+    translator = bridge(block_size)
+    return [translator.translate(event) for event in events]
+
+
+# Every event type TensorRT-LLM records: the events fed to one bridge, and what the last becomes.
+KV_EVENT_CASES = {
+    "created": ([created()], [AllBlocksCleared()]),
+    "stored": (
+        [stored(None, (1, [1, 2, 3, 4]), (BIG_HASH, [5, 6, 7, 8]))],
+        [BlockStored([1, BIG_HASH], None, [1, 2, 3, 4, 5, 6, 7, 8], 4)],
+    ),
+    "removed": (
+        [stored(None, (1, [1, 2, 3, 4]), (BIG_HASH, [5, 6, 7, 8])), removed(BIG_HASH, 1)],
+        [BlockRemoved([BIG_HASH, 1])],
+    ),
+    # Dropped: TensorRT-LLM sends "updated" when a block changes cache level (moved to host
+    # memory, or back) or retention priority. The block stays reusable at either level (the
+    # engine brings a host block back when a prompt reuses it), so a router's index of what this
+    # engine can reuse is unchanged; vLLM's BlockStored(medium="CPU") would need the block's
+    # token ids, which "updated" does not carry. A "removed" follows when the block leaves.
+    "updated": (
+        [stored(None, (1, [1, 2, 3, 4])), fake_tensorrt_llm.level_change(1, 0, 1)],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(fake_tensorrt_llm.KV_EVENTS["data"]))
+def test_each_kv_event_type_the_llm_api_records_has_its_translation(fake, kind) -> None:
+    events, expected = KV_EVENT_CASES[kind]
+    assert translated([llm_api_event(data) for data in events])[-1] == expected
+
+
+def test_a_stored_chain_keeps_its_parent(fake) -> None:
+    assert translated([llm_api_event(stored(BIG_HASH, (7, [9, 9, 9, 9])))]) == [
+        [BlockStored([7], BIG_HASH, [9, 9, 9, 9], 4)]
+    ]
+
+
+def test_a_partial_block_is_left_out_and_so_is_its_removal(fake) -> None:
+    """A sequence's last block may hold fewer tokens than a block: routers that hash full
+    blocks of token ids cannot place it, so it is not published, nor is its removal."""
+    events = [
+        stored(None, (1, [1, 2, 3, 4]), (2, [5, 6])),
+        removed(2, 1),
+        stored(None, (3, [1, 2])),
+        removed(3),
+    ]
+    assert translated([llm_api_event(data) for data in events]) == [
+        [BlockStored([1], None, [1, 2, 3, 4], 4)],
+        [BlockRemoved([1])],
+        [],
+        [],
+    ]
+
+
+def test_only_the_largest_attention_windows_events_count(fake) -> None:
+    """With sliding-window layers each attention window has its own block manager and events;
+    a prefix is reusable as far as the full-attention layers (the largest window) hold it."""
+    sequence = [
+        (created(), 512),
+        (created(), 4096),
+        (stored(None, (1, [1, 2, 3, 4])), 512),
+        (stored(None, (1, [1, 2, 3, 4])), 4096),
+        (removed(1), 512),
+        (created(), 512),
+        (removed(1), 4096),
+    ]
+    assert translated([llm_api_event(data, window) for data, window in sequence]) == [
+        [AllBlocksCleared()],
+        [AllBlocksCleared()],
+        [],
+        [BlockStored([1], None, [1, 2, 3, 4], 4)],
+        [],
+        [],
+        [BlockRemoved([1])],
+    ]
+
+
+def test_what_else_the_llm_api_may_hand_over_is_read(fake) -> None:
+    """A None event serializes to {} (nothing to publish); a JSON string is read as its dict."""
+    event = llm_api_event(stored(None, (1, [1, 2, 3, 4])))
+    assert translated([{}, json.dumps(event)]) == [[], [BlockStored([1], None, [1, 2, 3, 4], 4)]]
+
+
+@pytest.mark.parametrize(
+    ("windows", "host_blocks"),
+    [((2048,), 0), ((512, 2048), 4)],
+    ids=["evictions", "host-level-and-sliding-window"],
+)
+def test_a_router_rebuilds_what_the_llm_apis_cache_holds_from_the_published_events(
+    fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, windows, host_blocks
+) -> None:
+    """Requests through the model fill a 10-block KV cache, which evicts (to its host level, when
+    it has one, and out of it); a pyzmq subscriber that applies the published batches as a
+    router does holds exactly the full blocks of the fake's cache (largest window) at the end."""
+    import random
+
+    from kv_event_subscriber import BlockIndex, free_endpoint
+
+    from tests.waiting import wait_for
+
+    fake.kv_window_sizes, fake.kv_host_blocks = windows, host_blocks
+    endpoint = free_endpoint()
+    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", endpoint)
+    config = {"tokens_per_block": 4, "max_tokens": 40}
+    started = serve(monkeypatch, tmp_path, kv_cache_config=config)
+    try:
+        (llm,) = fake.llms
+        with BlockIndex(endpoint, block_size=4) as index:
+            publisher = started.engine._events  # the engine's publisher: probe the subscription
+            assert wait_for(
+                lambda: index.heard(lambda: publisher.publish([AllBlocksCleared()])), 10
+            )
+            rng = random.Random(5)
+            prefixes = [[rng.randrange(1, 100) for _ in range(10)] for _ in range(4)]
+            for _ in range(40):
+                prompt = rng.choice(prefixes) + [
+                    rng.randrange(1, 100) for _ in range(rng.randrange(8))
+                ]
+                request = harness.token_request(prompt, sampling_param_max_tokens=1 + rng.randrange(3),
+                                                sampling_param_exclude_input_from_output=True)  # fmt: skip
+                started.execute([request])
+                request.wait()
+            held = {h for h, tokens in llm.kv_caches[max(windows)].held().items() if tokens == 4}
+            assert held, "the workload stored nothing"
+            assert wait_for(lambda: index.drain() == held, 10), (index.held, held)
+        # The workload did what it is for: evictions, of partial blocks too (never published).
+        log = [event["data"] for event in llm.kv_event_log]
+        partial = {block["block_hash"] for data in log if data["type"] == "stored"
+                   for block in data["blocks"] if len(block["tokens"]) < 4}  # fmt: skip
+        gone = {h for data in log if data["type"] == "removed" for h in data["block_hashes"]}
+        assert index.events["BlockRemoved"] and partial & gone
+        assert any(data["type"] == "updated" for data in log) == bool(host_blocks)
+    finally:
+        started.finalize()
 
 
 def png(size: tuple[int, int], mode: str = "RGB") -> bytes:
