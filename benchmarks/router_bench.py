@@ -8,9 +8,13 @@ KV-cache events on a loopback port), and for each policy starts vllm-router in f
 runs the same kind of load: `--sessions` multi-turn sessions that share a system prompt of
 `--prefix-tokens` token ids, `--concurrency` sessions at a time, each turn adding its own tokens
 to the conversation (streamed /v1/completions with token ids). Every turn's TTFT and its
-`cached_tokens` (the replica's reused prompt tokens) are recorded. Each policy gets sessions of
-its own (another system prompt), so no policy starts on the caches another filled. Needs the
-router (`scripts/install-router.sh`); every process started is stopped.
+`cached_tokens` (the replica's reused prompt tokens) are recorded, and whether each follow-up
+landed on its session's holder: the replica that served its previous turn, the only one whose
+cache covers that turn's prompt (the system prompt is everywhere; `--turn-tokens` of a block or
+more put older turns short of it). A policy blind to the cache lands there about one time in
+`--replicas`. Each policy gets sessions of its own (another system prompt), so no policy starts
+on the caches another filled. Needs the router (`scripts/install-router.sh`); every process
+started is stopped.
 
     .venv/bin/python benchmarks/router_bench.py                    # 3 replicas, 32 sessions x 6 turns
 
@@ -51,15 +55,19 @@ async def run_policy(url: str, model: str, args: argparse.Namespace, seed: int) 
     sessions = [system + rng.integers(10, 2000, size=16).tolist() for _ in range(args.sessions)]
     ttfts: list[float] = []
     fractions: list[float] = []  # follow-up turns: cached tokens / prompt tokens
+    on_holder: list[bool] = []  # follow-up turns: the previous turn's prompt found cached
     gate = asyncio.Semaphore(args.concurrency)
 
     async def session(prompt: list[int], client: Any) -> None:
         async with gate:
+            held = 0  # the previous turn's prompt tokens, in full blocks
             for number in range(args.turns):
                 ttft, cached = await cached_prefix_turn(client, url, model, prompt)
                 ttfts.append(ttft)
                 if number:
                     fractions.append(cached / len(prompt))
+                    on_holder.append(cached >= held)
+                held = len(prompt) // args.block_size * args.block_size
                 prompt = prompt + rng.integers(10, 2000, size=args.turn_tokens).tolist()
 
     started = time.perf_counter()
@@ -69,6 +77,7 @@ async def run_policy(url: str, model: str, args: argparse.Namespace, seed: int) 
         "wall_s": time.perf_counter() - started,
         "turns": len(ttfts),
         "cached_fraction": statistics.fmean(fractions),
+        "holder_fraction": statistics.fmean(on_holder),
         "ttft_p50_ms": statistics.median(ttfts) * 1000,
         "ttft_p99_ms": (statistics.quantiles(ttfts, n=100)[-1] if len(ttfts) > 1 else ttfts[0])
         * 1000,
@@ -172,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(row)
                 router.send_signal(signal.SIGTERM)
                 router.wait(30)
-                print(f"{policy:<12} cached {row['cached_fraction']:6.1%}  TTFT p50 "
+                print(f"{policy:<12} cached {row['cached_fraction']:6.1%}  on holder "
+                      f"{row['holder_fraction']:6.1%}  TTFT p50 "
                       f"{row['ttft_p50_ms']:7.1f} ms  p99 {row['ttft_p99_ms']:7.1f} ms", flush=True)  # fmt: skip
     except KeyboardInterrupt:
         print("\nrouter_bench: interrupted; every process it started is stopped", file=sys.stderr)
@@ -182,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
             if router.poll() is None:
                 router.kill()
         shutil.rmtree(work_dir, ignore_errors=True)
-    print(f"\n{'policy':<12} {'cached':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}")
+    print(f"\n{'policy':<12} {'cached':>8} {'on holder':>10} {'TTFT p50 ms':>12} "
+          f"{'TTFT p99 ms':>12}")  # fmt: skip
     for row in results:
-        print(f"{row['policy']:<12} {row['cached_fraction']:8.1%} {row['ttft_p50_ms']:12.1f} "
-              f"{row['ttft_p99_ms']:12.1f}")  # fmt: skip
+        print(f"{row['policy']:<12} {row['cached_fraction']:8.1%} {row['holder_fraction']:10.1%} "
+              f"{row['ttft_p50_ms']:12.1f} {row['ttft_p99_ms']:12.1f}")  # fmt: skip
     result = {
         **run_record("router", args),
         "results": results,

@@ -8,6 +8,8 @@ router in front, and the official `openai` client talking to the router only.
   replica's KV cache from the events it publishes (TRTLLM_KV_EVENTS_ENDPOINT, vLLM's ZMQ +
   msgpack format) and asks the replica's /tokenize for a request's token ids; the first turn of
   each conversation is sent to a chosen replica directly, the later turns through the router.
+  The same conversations through `round_robin` in front of the same replicas are the baseline:
+  about half their follow-ups find their prefix.
 
 What the router needs from a worker: GET /health (200 before it starts routing), the OpenAI
 routes, and /tokenize for kv_aware (docs/gpu.md, "Behind a router: vllm-router").
@@ -16,11 +18,15 @@ routes, and /tokenize for kv_aware (docs/gpu.md, "Behind a router: vllm-router")
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import pairwise
+from math import comb
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -235,15 +241,22 @@ OPENING = (
     "lighthouse keeper, the fishing boats that leave before dawn, the weather over the cliffs, "
     "the market square and the old stone bridge, and answer every question briefly."
 )
-CONVERSATIONS = 8
-TURNS = 3
+# Each follow-up adds more than two blocks to its conversation (with the answer before it), so
+# that a replica that served an older turn holds less of it than the one that served the last.
+FOLLOW_UP = (
+    "And after that, part {turn}: what did the tide do to the boats, what did the keeper write "
+    "in his log, and were the lamps on the old stone bridge lit?"
+)
+ANSWER_TOKENS = 8
+CONVERSATIONS = 16  # even: half start on each replica
+TURNS = 4
 
 
 @pytest.fixture(scope="module")
 def reuse_model() -> str:
     """The demo model with the engine's prefix cache on, in blocks of KV_BLOCK_SIZE tokens."""
     return pack(
-        "--demo", "--name", REUSE_MODEL, "--max-input-len", "256", "--max-seq-len", "512",
+        "--demo", "--name", REUSE_MODEL, "--max-input-len", "512", "--max-seq-len", "640",
         "--enable-kv-cache-reuse", "true", "--tokens-per-block", str(KV_BLOCK_SIZE),
     )  # fmt: skip
 
@@ -280,57 +293,135 @@ def kv_aware(
     router.stop()
 
 
-def test_kv_aware_sends_a_conversation_where_its_prefix_is(
-    kv_aware: Router, kv_replicas: list[BentoServer]
-) -> None:
-    """Each conversation's first turn is served by a chosen replica directly (half on each, so
-    that a router that ignored the cache, and sent everything to one replica, would miss half);
-    its later turns go through the router. At least 90 % of them must land on the replica that
-    holds their prefix: the only one whose cached prompt tokens cover the first turn's prompt
-    (its full blocks, less one for slack)."""
+@pytest.fixture(scope="module")
+def kv_round_robin(
+    kv_replicas: list[BentoServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Router]:
+    """Round robin in front of kv_aware's replicas: the baseline kv_aware is measured against."""
+    router = start_router(kv_replicas, "round_robin", tmp_path_factory.mktemp("router"))
+    yield router
+    router.stop()
+
+
+def follow_ups_on_holder(
+    router: Router, replicas: list[BentoServer], first: int, order: random.Random
+) -> list[bool]:
+    """Runs CONVERSATIONS conversations, numbered from `first`, and says of each follow-up
+    whether it landed on the holder of its prefix.
+
+    Each first turn is served by a chosen replica directly (even conversations by the first, odd
+    ones by the second). Then come TURNS - 1 rounds of follow-ups through `router`, one request
+    at a time, each round in an order drawn from `order` (people answer when they do). A
+    follow-up's holder is the replica that served its conversation's previous turn: the only one
+    whose cached prompt tokens cover that turn's prompt (its full blocks, less one for slack)."""
     direct = [
         openai.OpenAI(
             base_url=f"{replica.url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
         )
-        for replica in kv_replicas
+        for replica in replicas
     ]
     conversations: list[list[ChatCompletionMessageParam]] = []
-    held: list[int] = []  # the prompt tokens of each first turn, in full blocks
-    for index in range(CONVERSATIONS):
+    prompts: list[list[int]] = []  # each conversation's prompt tokens, turn by turn
+    for index in range(first, first + CONVERSATIONS):
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": OPENING.format(index=index)},
             {"role": "user", "content": "What did the keeper see tonight?"},
         ]
         answer = direct[index % 2].chat.completions.create(
-            model=REUSE_MODEL, messages=messages, max_tokens=8, temperature=0
+            model=REUSE_MODEL, messages=messages, max_tokens=ANSWER_TOKENS, temperature=0
         )
         assert answer.usage is not None
-        held.append(answer.usage.prompt_tokens // KV_BLOCK_SIZE * KV_BLOCK_SIZE)
         messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
         conversations.append(messages)
-    assert min(held) >= 4 * KV_BLOCK_SIZE, held  # long enough to tell the holder apart
+        prompts.append([answer.usage.prompt_tokens])
+    # Long enough that the other replica holds only the chat template's first tokens of it.
+    assert min(tokens[0] for tokens in prompts) >= 4 * KV_BLOCK_SIZE, prompts
 
-    client = kv_aware.client()
-    before = [requests_served(replica).get("openai_chat", 0.0) for replica in kv_replicas]
-    cached: list[int] = []
+    client = router.client()
+    on_holder: list[bool] = []
     for turn in range(1, TURNS):
-        for index, messages in enumerate(conversations):
-            messages.append({"role": "user", "content": f"And after that, part {turn}?"})
+        for index in order.sample(range(CONVERSATIONS), CONVERSATIONS):
+            messages = conversations[index]
+            messages.append({"role": "user", "content": FOLLOW_UP.format(turn=turn)})
             answer = client.chat.completions.create(
-                model=REUSE_MODEL, messages=messages, max_tokens=8, temperature=0
+                model=REUSE_MODEL, messages=messages, max_tokens=ANSWER_TOKENS, temperature=0
             )
+            assert answer.usage is not None
             messages.append(
                 {"role": "assistant", "content": answer.choices[0].message.content or ""}
             )
-            details = answer.usage.prompt_tokens_details if answer.usage else None
-            reused = (details.cached_tokens or 0) if details is not None else 0
-            cached.append(reused if reused >= held[index] - KV_BLOCK_SIZE else 0)
-    hits = sum(1 for tokens in cached if tokens > 0)
-    assert hits >= 0.9 * len(cached), f"{hits} of {len(cached)} follow-ups reused their prefix"
-    # Both replicas served follow-ups: the router did not just pick one.
+            details = answer.usage.prompt_tokens_details
+            cached = (details.cached_tokens or 0) if details is not None else 0
+            held = prompts[index][-1] // KV_BLOCK_SIZE * KV_BLOCK_SIZE
+            on_holder.append(cached >= held - KV_BLOCK_SIZE)
+            prompts[index].append(answer.usage.prompt_tokens)
+    # A replica that served an older turn holds at most that prompt and its answer: two blocks
+    # short of the last prompt's, so it never passes for the holder.
+    growth = min(later - earlier for tokens in prompts for earlier, later in pairwise(tokens))
+    assert growth >= 2 * KV_BLOCK_SIZE + ANSWER_TOKENS, prompts
+    return on_holder
+
+
+def round_robin_band(conversations: int, rounds: int, tail: float) -> tuple[int, int]:
+    """The band that round robin's count of follow-ups on their holder stays in, but for a chance
+    of `tail`, over 2 replicas and `rounds` rounds of an even number of `conversations` in a
+    random order each.
+
+    vllm-router's round robin sends the k-th request it routes to replica k mod 2 (in its own
+    order of the two), blind to what the request holds. Each round puts half its follow-ups on
+    each replica, and each replica holds half the conversations (the first turns by choice, the
+    later ones by round robin's last round). With X of the first replica's conversations among
+    the follow-ups it gets, 2X follow-ups land on their holder: X is hypergeometric, and the
+    rounds' orders are independent, so the count is twice a sum of `rounds` such X."""
+    half = conversations // 2
+    one = [
+        comb(half, x) * comb(half, half - x) / comb(conversations, half) for x in range(half + 1)
+    ]
+    total = [1.0]
+    for _ in range(rounds):
+        total = [
+            sum(p * one[s - i] for i, p in enumerate(total) if 0 <= s - i <= half)
+            for s in range(len(total) + half)
+        ]
+    low, below = 0, 0.0  # symmetric: as likely below `low` as above the mirror of it
+    while below + total[low] <= tail / 2:
+        below += total[low]
+        low += 1
+    return 2 * low, 2 * (len(total) - 1 - low)
+
+
+def test_kv_aware_sends_a_conversation_where_its_prefix_is(
+    kv_aware: Router, kv_round_robin: Router, kv_replicas: list[BentoServer]
+) -> None:
+    """The same kind of conversations through kv_aware, then through round robin, in front of
+    the same two replicas (each its own conversations: the caches hold the others'). At least
+    90 % of kv_aware's follow-ups must land on the holder of their prefix, against about half of
+    round robin's: a measured baseline.
+
+    Each round goes in a random order because round robin alternates: in a fixed order, with an
+    even number of conversations, all of a conversation's follow-ups land on one replica, so
+    round robin would find every prefix (that replica served its first turn) or all but the
+    first round's. In a random order it finds 2X a round (round_robin_band): of 48 follow-ups
+    (16 conversations, 3 rounds), 10 to 38 (21 to 79 %) but for a chance of 1.2e-5, close to
+    binomial(48, 1/2)'s 99.99 % interval, 11 to 37. kv_aware's 90 % is 44."""
+    seed = random.randrange(2**32)
+    order = random.Random(seed)
+    before = [requests_served(replica).get("openai_chat", 0.0) for replica in kv_replicas]
+    kv = follow_ups_on_holder(kv_aware, kv_replicas, 0, order)
+    # Both replicas served follow-ups (less the first turns, half on each): kv_aware did not just
+    # pick one.
     served = [
-        requests_served(replica).get("openai_chat", 0.0) - then
+        requests_served(replica).get("openai_chat", 0.0) - then - CONVERSATIONS / 2
         for replica, then in zip(kv_replicas, before, strict=True)
     ]
-    assert min(served) >= 0.4 * len(cached), served
+    baseline = follow_ups_on_holder(kv_round_robin, kv_replicas, CONVERSATIONS, order)
+    low, high = round_robin_band(CONVERSATIONS, TURNS - 1, 1e-4)
+    seen = (
+        f"on their prefix's holder: kv_aware {sum(kv)}, round_robin {sum(baseline)} of "
+        f"{len(kv)} follow-ups each (round robin's band {low} to {high}; order seed {seed})"
+    )
+    print(seen, file=sys.stderr)
+    assert sum(kv) >= 0.9 * len(kv), seen
+    assert low <= sum(baseline) <= high and sum(baseline) < sum(kv), seen
+    assert min(served) >= 0.4 * len(kv), served
     assert all(health_status(replica.url) == 200 for replica in kv_replicas)
