@@ -57,6 +57,15 @@ def _ints(text: str) -> list[int]:
     return [int(item) for item in text.split(",") if item.strip()]
 
 
+def _worker_counts(text: str) -> list[str]:
+    """Worker counts for stream_bench's --workers: numbers, or 'default' (the service's rule)."""
+    counts = [item.strip() for item in text.split(",") if item.strip()]
+    for count in counts:
+        if count != "default":
+            int(count)  # argparse reports the ValueError
+    return counts
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -73,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--workers", type=_ints, default=[1, 2, 4, 8], help="workers: service worker counts")
     add("--clients", type=int, default=4, help="load generator processes")
     add("--cells", default="20:128,5:512", help="cells: stream_bench.py --cells")
-    add("--cells-workers", type=_ints, default=[1, 4], help="cells: service worker counts")
+    add("--cells-workers", type=_worker_counts, default=["1", "4"],
+        help="cells: service worker counts ('default': TRTLLM_WORKERS unset)")  # fmt: skip
     add("--cells-requests", type=int, default=512, help="cells: requests per target")
     add(
         "--cells-targets",
@@ -267,7 +277,7 @@ def phase_cells(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 ["benchmarks/stream_bench.py", "--cells", args.cells,
                  "--targets", args.cells_targets, "--routes", args.cells_routes,
                  "--requests", str(args.cells_requests),
-                 "--rounds", "2", "--workers", str(workers), "--no-cold-start",
+                 "--rounds", "2", "--workers", workers, "--no-cold-start",
                  "--engine-stream-interval", str(interval), "--json", str(path)],
                 {ENGINE_INSTANCES_ENV: str(args.engine_instances)}, 480,
             )  # fmt: skip

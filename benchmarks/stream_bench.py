@@ -69,6 +69,7 @@ from benchmarks.bench_stats import (
     format_table,
     summarize,
 )
+from tensorrtllm_backend.settings import host_workers
 from tensorrtllm_backend.triton.command import find_free_port
 
 ALL_TARGETS = ("grpc_direct", "triton_generate_stream", "native", "openai", "baseline")
@@ -156,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="pack + serve the demo model alone for its cold start (default: yes, not in --quick)",
     )
-    parser.add_argument("--workers", type=int, default=1,
-                        help="HTTP workers of the service, sharing its tritonserver (TRTLLM_WORKERS)")  # fmt: skip
+    parser.add_argument("--workers", type=workers_arg, default=1,
+                        help="HTTP workers of the service, sharing its tritonserver (TRTLLM_WORKERS); "
+                        "'default' leaves it unset: the service's own rule for the host")  # fmt: skip
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="pieces per streamed HTTP message after the first "
                         "(TRTLLM_STREAM_INTERVAL)")  # fmt: skip
@@ -398,9 +400,7 @@ def run_local(run: Run, procs: Processes) -> None:
         # the clean cold-start figure is the demo's, measured alone at the end.
         first_service = None
         if targets & {"native", "openai"}:
-            first_service = spawn_trtllm(
-                procs, served[routes[0]], routes[0], env=service_settings(args)
-            )
+            first_service = spawn_trtllm(procs, served[routes[0]], routes[0], env=service_env(args))
         started = time.perf_counter()
         supervisor = procs.start_triton(model, f"itl{itl:g}")
         run.timings[f"tritonserver_start_itl{itl:g}_s"] = time.perf_counter() - started
@@ -443,7 +443,7 @@ def run_local(run: Run, procs: Processes) -> None:
                     rounds = interleaved_round_count(args)
                     zero = [cell for cell in group if cell == ZERO_ITL_CELL]
                     if first_service is not None and routes[0] == "direct" and rounds and zero:
-                        procs.wait_workers(first_service, args.workers)
+                        procs.wait_workers(first_service, service_workers(args))
                         asyncio.run(
                             baseline_rounds(run, zero[0], baseline, first_service, prompts, rounds)
                         )
@@ -457,10 +457,10 @@ def run_local(run: Run, procs: Processes) -> None:
             service = (
                 first_service
                 if route == routes[0]
-                else spawn_trtllm(procs, served[route], route, env=service_settings(args))
+                else spawn_trtllm(procs, served[route], route, env=service_env(args))
             )
             procs.wait_ready(service)
-            procs.wait_workers(service, args.workers)
+            procs.wait_workers(service, service_workers(args))
             if service is not first_service:
                 # The first one started alongside the Triton measurements and is only polled
                 # after them: its figure would be theirs, not a cold start.
@@ -488,12 +488,28 @@ def interleaved_round_count(args: argparse.Namespace) -> int:
     return 1 if args.quick else 3
 
 
+def workers_arg(text: str) -> int | None:
+    """A worker count, or None for 'default' (TRTLLM_WORKERS left unset)."""
+    return None if text == "default" else int(text)
+
+
+def service_workers(args: argparse.Namespace) -> int:
+    return host_workers() if args.workers is None else int(args.workers)
+
+
+def service_env(args: argparse.Namespace) -> dict[str, str]:
+    """The service's settings under test, as its environment: a default is left unset, so the
+    service's own rule decides."""
+    env = {"TRTLLM_STREAM_INTERVAL": str(args.stream_interval)}
+    if args.workers is not None:
+        env["TRTLLM_WORKERS"] = str(args.workers)
+    return env
+
+
 def service_settings(args: argparse.Namespace) -> dict[str, str]:
-    """The service's settings under test (the defaults unless options change them)."""
-    return {
-        "TRTLLM_WORKERS": str(args.workers),
-        "TRTLLM_STREAM_INTERVAL": str(args.stream_interval),
-    }
+    """The service's settings under test, as the results record them."""
+    workers = str(args.workers) if args.workers is not None else f"unset ({host_workers()})"
+    return {"TRTLLM_WORKERS": workers, **service_env(args)}
 
 
 def spawn_trtllm(

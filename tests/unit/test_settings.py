@@ -18,6 +18,7 @@ from tensorrtllm_backend.settings import (
     STUB_VARIABLES,
     Settings,
     env_name,
+    host_workers,
     load_settings,
 )
 
@@ -72,7 +73,7 @@ def test_an_empty_value_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRTLLM_WORKERS", "")
     settings = load_settings()
     assert settings.api_key is None
-    assert settings.workers == 1
+    assert settings.workers == host_workers()  # the default, whatever this host's cores
 
 
 # variable: (value, what pydantic says of it)
