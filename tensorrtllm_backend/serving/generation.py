@@ -18,6 +18,7 @@ import numpy as np
 from ..common.engine_api import (
     DRAIN_RESPONSES,
     EngineModelError,
+    EngineRequestError,
     EngineResult,
     InferenceEngine,
 )
@@ -32,8 +33,10 @@ from .offload import Offloader
 from .prompt_ids import MAX_CHARS_PER_TOKEN, encode_prompt
 from .request_errors import RequestError
 from .schemas import (
+    LOG_PROB_FLOOR,
     GenerationChunk,
     SamplingParams,
+    TopLogProbs,
 )
 from .sequence_state import SequenceState
 from .token_strings import TokenStrings
@@ -43,7 +46,7 @@ from .translation import (
     response_prompt_log_probs,
     sequence_index,
 )
-from .triton_paths import PROMPT_OUTPUTS, EngineRoute, Route, make_route
+from .triton_paths import PROMPT_NEXT_OUTPUTS, PROMPT_OUTPUTS, EngineRoute, Route, make_route
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +263,17 @@ class Generator:
             param="prompt",
         )
 
+    @property
+    def top_log_probs_missing(self) -> str | None:
+        """Why the generation returns no alternatives to the chosen tokens (None: it does): the
+        route passes none through, or the engine returns none. Prompt scores have theirs all
+        the same (:meth:`score`)."""
+        return self.path.no_top_log_probs or self.top_log_probs_unsupported
+
     def _check_top_log_probs(self) -> None:
         """Alternatives to the chosen tokens come only from an engine and route that return
         them; a request for them elsewhere is refused, never answered with fewer."""
-        reason = self.path.no_top_log_probs or self.top_log_probs_unsupported
+        reason = self.top_log_probs_missing
         if reason is not None:
             raise RequestError(reason, param="top_log_probs")
 
@@ -329,8 +339,11 @@ class Generator:
             )
         return adapter
 
-    def check_scoring(self, request: PreparedRequest, k: int) -> None:
-        """Refuse a prompt-scoring request this model cannot serve (see :meth:`score`)."""
+    def check_scoring(self, request: PreparedRequest, k: int, first_token: bool = False) -> None:
+        """Refuse a prompt-scoring request this model cannot serve (see :meth:`score`); with
+        `first_token`, one whose first generated token's alternatives come from the scores too
+        (:meth:`score_with_next`). The scores' `k` alternatives come from the scorer, whatever
+        the generation returns: only what the scorer cannot do is refused here."""
         if self.prompt_scores_unsupported is not None:
             raise RequestError(self.prompt_scores_unsupported, param="echo")
         if request.lora is not None and self.path.sends_lora_weights:
@@ -339,26 +352,86 @@ class Generator:
                 "(pack_model.py --workflow llmapi), not by TensorRT-LLM engines",
                 param="echo",
             )
-        if k:
-            self._check_top_log_probs()
+        if request.images:
+            raise RequestError(
+                "prompt log probs are not served for prompts with images: the scorer reads the "
+                "prompt's token ids alone; send the request without them",
+                param="echo",
+            )
+        if first_token:
+            self._check_first_token_scores(request.params)
+
+    def _check_first_token_scores(self, params: SamplingParams) -> None:
+        """The first generated token's alternatives from the prompt's scores are the model's
+        own distribution after the prompt; an engine's are of the distribution its sampling
+        parameters make of it. A request whose parameters would change it is refused, never
+        answered with other numbers than the engine's."""
+        neutral = (
+            ("temperature", params.temperature, (None, 0.0, 1.0)),
+            ("repetition_penalty", params.repetition_penalty, (None, 1.0)),
+            ("presence_penalty", params.presence_penalty, (None, 0.0)),
+            ("frequency_penalty", params.frequency_penalty, (None, 0.0)),
+            ("min_tokens", params.min_tokens, (None, 0)),
+        )
+        changed = [name for name, value, plain in neutral if value not in plain]
+        changed += ["bad_words"] if params.bad_words else []
+        changed += ["a guide"] if params.guided_decoding is not None else []
+        if changed:
+            why = f"{self.top_log_probs_missing}; " if self.top_log_probs_missing else ""
+            raise RequestError(
+                f"{why}the generated token's alternatives come from the prompt's scores here "
+                f"(the model's distribution after the prompt), which {', '.join(changed)} would "
+                "change: leave them out (temperature 0 or 1)",
+                param="top_log_probs",
+            )
 
     async def score(self, request: PreparedRequest, k: int) -> PromptLogProbs:
         """The prompt's token log probs (the first token has none) and `k` alternatives at each
         position, computed by the engine from its context logits and reduced beside it: one
         engine request of its own, apart from the generation's."""
+        scores, _ = await self._score(request, k, False)
+        return scores
+
+    async def score_with_next(
+        self, request: PreparedRequest, k: int
+    ) -> tuple[PromptLogProbs, TopLogProbs]:
+        """:meth:`score`, and the `k` most likely tokens after the prompt with their log probs
+        (the last row of the same context logits: the first generated token's alternatives,
+        where the generation returns none; greedy decoding picks the first of them). Served by
+        the engine workflow's scorer (`prompt_logprobs`), not by the llmapi model, whose
+        generation returns alternatives itself."""
+        scores, following = await self._score(request, k, True)
+        assert following is not None
+        return scores, following
+
+    async def _score(
+        self, request: PreparedRequest, k: int, next_token: bool
+    ) -> tuple[PromptLogProbs, TopLogProbs | None]:
         model, tensors = self.path.score_inputs(request, k)
-        found = None
-        async with aclosing(
-            self.client.stream(model, tensors, PROMPT_OUTPUTS, f"{request.request_id}-score")
-        ) as results:
-            async for result in results:
-                scores = response_prompt_log_probs(
-                    result, PROMPT_OUTPUTS, len(request.prompt_ids), k
-                )
-                found = scores or found
-        if found is None:
+        outputs = [*PROMPT_OUTPUTS, *PROMPT_NEXT_OUTPUTS] if next_token else list(PROMPT_OUTPUTS)
+        found = following = None
+        try:
+            async with aclosing(
+                self.client.stream(model, tensors, outputs, f"{request.request_id}-score")
+            ) as results:
+                async for result in results:
+                    scores = response_prompt_log_probs(
+                        result, PROMPT_OUTPUTS, len(request.prompt_ids), k
+                    )
+                    found = scores or found
+                    if next_token:
+                        following = _next_token_alternatives(result, k) or following
+        except EngineRequestError as error:
+            if next_token and PROMPT_NEXT_OUTPUTS[0] in str(error):
+                raise RequestError(
+                    "this model's prompt_logprobs model returns no alternatives of the token "
+                    "after the prompt (packed by an older version): repack the model",
+                    param="top_log_probs",
+                ) from None
+            raise
+        if found is None or (next_token and following is None):
             raise EngineModelError(f"{model} answered no prompt log probs")
-        return found
+        return found, following
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[GenerationChunk]:
         """Text chunks as they become final; each sequence's last chunk carries its finish
@@ -500,3 +573,14 @@ class Generator:
             lora = LoraTensors(adapter.task_id, weights, config, adapter.name, str(adapter.path))
         tensors, outputs = self.path.inputs(request, lora)
         return tensors, list(outputs)
+
+
+def _next_token_alternatives(result: EngineResult, k: int) -> TopLogProbs | None:
+    """The scorer's `k` most likely tokens after the prompt, if the response carries them."""
+    ids = result.values(PROMPT_NEXT_OUTPUTS[0])
+    if ids is None:
+        return None
+    values = result.values(PROMPT_NEXT_OUTPUTS[1]) or []
+    if len(ids) != k or len(values) != k:
+        raise EngineModelError(f"the engine returned no {k} alternatives of the first new token")
+    return [int(i) for i in ids], [max(float(value), LOG_PROB_FLOOR) for value in values]

@@ -5,7 +5,9 @@ tokens' log probs under echo, equal to transformers' on the demo checkpoint."""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -13,7 +15,7 @@ import openai
 import pytest
 import torch
 
-from tests.integration.conftest import openai_client
+from tests.integration.conftest import BentoServer, openai_client
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -180,6 +182,9 @@ def test_vllm_prompt_logprobs_per_choice(server, model, prompts, reference) -> N
         ({"prompt": "x", "max_tokens": 0}, "max_tokens 0 generates nothing"),
         ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "not streamed"),
         ({"prompt": [[1, 2]] * 300}, "at most 256"),
+        ({"prompt": [[1, 2], [1] * 300]}, "prompt 1: prompt is 300 tokens"),
+        # 256 prompts x 240 tokens x (20 alternatives + 1): more entries than one answer holds
+        ({"prompt": [[1] * 240] * 256, "prompt_logprobs": 20}, "more than 1048576 per request"),
     ],
 )
 def test_bad_batches_and_scores_are_400s_that_say_what_to_fix(
@@ -190,6 +195,76 @@ def test_bad_batches_and_scores_are_400s_that_say_what_to_fix(
     )
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def text_route(
+    demo_model: str, module_bento_launcher: Callable[..., BentoServer]
+) -> Callable[[str], BentoServer]:
+    """The demo model served on a text route (whose generation returns no alternatives), one
+    server per route for the whole module."""
+    servers: dict[str, BentoServer] = {}
+
+    def server(route: str) -> BentoServer:
+        if route not in servers:
+            servers[route] = module_bento_launcher(demo_model, {"TRTLLM_ROUTE": route}, wait=True)
+        return servers[route]
+
+    return server
+
+
+@pytest.mark.parametrize("route", ["bls", "ensemble"])
+def test_loglikelihood_where_the_generation_returns_no_alternatives(
+    route: str, demo_server: BentoServer, text_route: Callable[[str], BentoServer]
+) -> None:
+    """lm-evaluation-harness's loglikelihood request on a route whose generation returns the
+    chosen token's log prob only: the prompt's alternatives and the generated token's come
+    from the scorer (the generated token's from the context logits' last row), equal to the
+    direct route's, whose engine returns them itself."""
+    body = {
+        "model": "trtllm-demo", "prompt": "The cat sat on the mat because", "echo": True,
+        "logprobs": 1, "max_tokens": 1, "temperature": 0,
+    }  # fmt: skip
+    expected = httpx.post(f"{demo_server.url}/v1/completions", json=body, timeout=120)
+    assert expected.status_code == 200, expected.text
+    served = text_route(route)
+    answer = httpx.post(f"{served.url}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    (want,), (got,) = expected.json()["choices"], answer.json()["choices"]
+    assert got["text"] == want["text"]
+    got_logprobs, want_logprobs = got["logprobs"], want["logprobs"]
+    assert got_logprobs["tokens"] == want_logprobs["tokens"]
+    assert got_logprobs["token_logprobs"][0] is None
+    assert got_logprobs["token_logprobs"][1:] == pytest.approx(
+        want_logprobs["token_logprobs"][1:], abs=TOLERANCE
+    )
+    for got_top, want_top in zip(
+        got_logprobs["top_logprobs"][1:], want_logprobs["top_logprobs"][1:], strict=True
+    ):
+        assert got_top.keys() == want_top.keys()
+        assert list(got_top.values()) == pytest.approx(list(want_top.values()), abs=TOLERANCE)
+    generated = got_logprobs["top_logprobs"][-1]
+    assert len(generated) == 1 and got_logprobs["tokens"][-1] in generated  # greedy: the best
+    streamed = [
+        choice["logprobs"]["top_logprobs"]
+        for chunk in sse_events(served.url, {**body, "stream": True})
+        for choice in chunk["choices"]
+        if choice["logprobs"] is not None
+    ]
+    (streamed_top,) = streamed[-1]  # the generated token's, from another scoring request
+    assert streamed_top.keys() == generated.keys()
+    assert list(streamed_top.values()) == pytest.approx(list(generated.values()), abs=1e-5)
+    refused = httpx.post(f"{served.url}/v1/completions", json={**body, "max_tokens": 2}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert "with echo and max_tokens 1" in refused.json()["error"]["message"]
+
+
+def sse_events(url: str, body: dict) -> list[dict]:
+    """The JSON events of a streamed /v1/completions answer."""
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line[len("data: ") :] for line in response.iter_lines() if line]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
 
 
 def test_the_official_client_streams_a_token_batch(server, model, prompts) -> None:

@@ -12,6 +12,10 @@ is null, the others are the engine's, computed from its context logits by one sc
 per prompt (:meth:`~..generation.Generator.score`); each position's alternatives hold the k most
 likely tokens and the prompt's own. `max_tokens: 0` with echo scores without generating. vLLM's
 `prompt_logprobs` returns the same scores in vLLM's shape (per choice).
+
+Where the generation returns no alternatives of its own (TensorRT-LLM's C++ backend, the ensemble
+and BLS routes), a request with echo and `max_tokens: 1` gets its generated token's from the same
+scoring request: the last row of the context logits is that token's distribution.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from ..chat.stream import AnswerStep, SequenceAnswer, WholeAnswer, answer_steps,
 from ..chat.usage import TokenCount
 from ..generation import PreparedRequest
 from ..request_errors import RequestError
-from ..schemas import MAX_RETURN_SEQUENCES, FinishReason
+from ..schemas import MAX_RETURN_SEQUENCES, FinishReason, SamplingParams, TopLogProbs
 from ..translation import PromptLogProbs
 from ..web.sse import SSE_DONE
 from .merge import merged
@@ -57,6 +61,10 @@ class Job:
     generate: bool = True
     score: int | None = None
     scores: PromptLogProbs | None = None
+    # Where the generation returns no alternatives: how many of the first generated token's come
+    # from the scores (0: none asked for there), and the scorer's answer.
+    first_token: int = 0
+    first_top: TopLogProbs | None = None
 
     @property
     def score_entries(self) -> int:
@@ -128,6 +136,9 @@ class CompletionServing:
         )
         if candidates > request.n:
             params = params.model_copy(update={"num_return_sequences": candidates})
+        first_token = self._first_token_from_scores(request, params, generate)
+        if first_token or not generate:  # nothing generated asks the engine for alternatives
+            params = params.model_copy(update={"top_log_probs": 0})
         param = constraint.param if constraint else None
         share = max(1, size // len(prompts))
         special = request.add_special_tokens
@@ -140,15 +151,17 @@ class CompletionServing:
                     top_param="logprobs", token_ids=ids, add_special_tokens=special,
                 )  # fmt: skip
                 if score is not None:
-                    self.generator.check_scoring(prepared, score)
+                    self.generator.check_scoring(prepared, score, bool(first_token))
             except RequestError as error:
+                if error.param == "top_log_probs":  # the core's name of this API's logprobs
+                    error.param = "logprobs"
                 if len(prompts) > 1:  # which prompt of the batch
                     raise RequestError(
                         f"prompt {position}: {error}", error.status, error.param, error.kind,
                         error.code,
                     ) from None  # fmt: skip
                 raise
-            plan.jobs.append(Job(prepared, generate, score))
+            plan.jobs.append(Job(prepared, generate, score, first_token=first_token))
         entries = sum(job.score_entries for job in plan.jobs)
         if score is not None and entries > MAX_PROMPT_LOG_PROB_ENTRIES:
             raise RequestError(
@@ -158,6 +171,24 @@ class CompletionServing:
                 param="logprobs",
             )
         return plan
+
+    def _first_token_from_scores(
+        self, request: CompletionRequest, params: SamplingParams, generate: bool
+    ) -> int:
+        """How many of the generated token's alternatives come from the prompt's scores (0:
+        none, or the generation's own): asked for where the generation returns none, with echo
+        and one token to generate (the scores' last row is its distribution). Asked for
+        elsewhere, they are a 400 saying what works."""
+        missing = self.generator.top_log_probs_missing
+        if not (generate and request.logprobs and missing):
+            return 0
+        if request.echo and params.max_tokens == 1:
+            return request.logprobs
+        raise RequestError(
+            f"{missing}; with echo and max_tokens 1 (or 0), the generated token's alternatives "
+            "come from the prompt's scores",
+            param="logprobs",
+        )
 
     # -- whole answers -----------------------------------------------------------------------
     async def complete(self, plan: _Plan, request: CompletionRequest) -> bytes:
@@ -175,10 +206,25 @@ class CompletionServing:
 
     async def _whole(self, job: Job) -> WholeAnswer:
         if job.score is not None:
-            job.scores = await self.generator.score(job.prepared, job.score)
+            await self._score(job)
         if job.generate:
-            return await collect(job.prepared, answer_steps(self.generator, job.prepared))
+            answer = await collect(job.prepared, answer_steps(self.generator, job.prepared))
+            for sequence in answer.sequences:
+                _add_first_top(job, sequence)
+            return answer
         return _nothing_generated(job.prepared)
+
+    async def _score(self, job: Job) -> None:
+        """The job's prompt scores (and its first generated token's alternatives, where they
+        come from them)."""
+        assert job.score is not None
+        if job.first_token:
+            job.scores, (ids, values) = await self.generator.score_with_next(
+                job.prepared, job.score
+            )
+            job.first_top = ids[: job.first_token], values[: job.first_token]
+        else:
+            job.scores = await self.generator.score(job.prepared, job.score)
 
     def _response(self, plan: _Plan, answers: list[WholeAnswer], n: int) -> CompletionResponse:
         usage = TokenCount(0)
@@ -271,7 +317,7 @@ class CompletionServing:
     async def _job_steps(self, plan: _Plan, job: Job) -> AsyncIterator[AnswerStep | _PromptPart]:
         """One prompt's items: its echoed prompt (once its scores are known), then its steps."""
         if job.score is not None:
-            job.scores = await self.generator.score(job.prepared, job.score)
+            await self._score(job)
         if plan.echo:
             yield await self.generator.offloader.run(
                 job.score_entries, _PromptPart, self, plan, job
@@ -282,6 +328,7 @@ class CompletionServing:
             return
         async with aclosing(answer_steps(self.generator, job.prepared)) as steps:
             async for step in steps:
+                _add_first_top(job, step)
                 yield step
 
 
@@ -297,6 +344,15 @@ async def _all(jobs: list[Coroutine[Any, Any, WholeAnswer]]) -> list[WholeAnswer
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _add_first_top(job: Job, sequence: SequenceAnswer | AnswerStep) -> None:
+    """The first generated token's alternatives from the scores, on a sequence (or its step)
+    of one generated token, where the generation returned none (a text route that re-encodes
+    the token's text into more ids: the first gets them)."""
+    ids = sequence.token_ids
+    if job.first_top is not None and ids and not sequence.top_log_probs:
+        sequence.top_log_probs = [job.first_top, *[([], [])] * (len(ids) - 1)]
 
 
 def _score_alternatives(request: CompletionRequest) -> int | None:

@@ -1,6 +1,7 @@
 """The ways through Triton a request can take, one object each (see :mod:`.base`)."""
 
 from .base import (
+    PROMPT_NEXT_OUTPUTS,
     PROMPT_OUTPUTS,
     PROMPT_SCORER,
     ROUTE_MODELS,
@@ -12,6 +13,7 @@ from .base import (
 from .factory import make_route
 
 __all__ = [
+    "PROMPT_NEXT_OUTPUTS",
     "PROMPT_OUTPUTS",
     "PROMPT_SCORER",
     "ROUTE_MODELS",

@@ -43,6 +43,8 @@ PROMPT_OUTPUTS = (
     "prompt_top_log_probs",
     "prompt_token_ranks",
 )
+# Asked for beside them: the k most likely tokens after the prompt (the first generated token's).
+PROMPT_NEXT_OUTPUTS = ("next_top_token_ids", "next_top_log_probs")
 
 Decoded = tuple[str, list[int], int, list[float] | None, list[TopLogProbs] | None]
 """One response as (final text, token ids, token count, log probs, their alternatives)."""

@@ -1,5 +1,6 @@
 """Prompt log probs reduced from context logits: numpy (host) and torch (device) agree with
-log_softmax, block by block, for any k; a short logits matrix is an error."""
+log_softmax, block by block, for any k; so do the alternatives of the token after the prompt
+(the last row); a short logits matrix is an error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tensorrtllm_backend.python_models import prompt_scores  # noqa: E402
-from tensorrtllm_backend.python_models.prompt_scores import reduce_logits  # noqa: E402
+from tensorrtllm_backend.python_models.prompt_scores import (  # noqa: E402
+    reduce_logits,
+    reduce_next_token,
+)
 
 PROMPT = [3, 17, 0, 42, 42, 8, 63, 1]
 
@@ -51,3 +55,24 @@ def test_a_one_token_prompt_has_no_scores(logits):
 def test_logits_for_fewer_tokens_than_the_prompt_are_an_error(logits):
     with pytest.raises(ValueError, match="5 of the prompt's 8 tokens"):
         reduce_logits(logits[:5], PROMPT, 1)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_the_next_tokens_alternatives_are_the_last_rows_top_k(logits, k, as_torch) -> None:
+    """Row L - 1 is the first generated token's distribution: its top k, as the CPU engine's
+    sampler ranks them (greedy decoding picks the first)."""
+    given = torch.from_numpy(logits)[None] if as_torch else logits
+    ids, values = reduce_next_token(given, len(PROMPT), k)
+    last = torch.log_softmax(torch.from_numpy(logits[len(PROMPT) - 1]), dim=-1)
+    best_values, best_ids = torch.topk(last, k)
+    assert ids.dtype == np.int32 and ids.shape == values.shape == (k,)
+    assert ids.tolist() == best_ids.tolist()
+    assert values == pytest.approx(best_values.numpy(), abs=1e-5)
+    if k:
+        assert ids[0] == int(torch.argmax(torch.from_numpy(logits[len(PROMPT) - 1])))
+
+
+def test_the_next_token_needs_the_prompts_last_row(logits) -> None:
+    with pytest.raises(ValueError, match="5 of the prompt's 8 tokens"):
+        reduce_next_token(logits[:5], len(PROMPT), 1)

@@ -2,7 +2,9 @@
 
 One engine request per prompt: one token to generate, `return_context_logits` set; the logits
 are reduced here (:mod:`tensorrtllm_backend.python_models.prompt_scores`), on the GPU when the
-engine left them there, and only the reduction is answered. Decoupled, each request on a worker
+engine left them there, and only the reduction is answered; a request that asks for the
+`next_top_*` outputs gets the k most likely tokens after the prompt too (the first generated
+token's alternatives, where the generation returns none). Decoupled, each request on a worker
 thread of its own: many prompts are in the engine at once, batched as it batches generation.
 """
 
@@ -18,7 +20,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tensorrtllm_backend.python_models.bls.params import model_parameter
-from tensorrtllm_backend.python_models.prompt_scores import OUTPUTS, reduce_logits
+from tensorrtllm_backend.python_models.prompt_scores import (
+    NEXT_OUTPUTS,
+    OUTPUTS,
+    reduce_logits,
+    reduce_next_token,
+)
 from tensorrtllm_backend.python_models.stub_guard import start_orphan_guard
 
 MAX_TOP_LOG_PROBS = 20
@@ -99,7 +106,11 @@ class TritonPythonModel:
         if vocab:  # the engine's padding columns (tensor parallelism) are no tokens
             logits = logits[..., :vocab]
         scores = reduce_logits(logits, prompt.tolist(), k)
-        return [pb_utils.Tensor(name, array) for name, array in zip(OUTPUTS, scores, strict=True)]
+        outputs = list(zip(OUTPUTS, scores, strict=True))
+        if set(NEXT_OUTPUTS) & set(request.requested_output_names()):
+            next_token = reduce_next_token(logits, prompt.size, k)
+            outputs += zip(NEXT_OUTPUTS, next_token, strict=True)
+        return [pb_utils.Tensor(name, array) for name, array in outputs]
 
     def _engine_responses(self, request, prompt: np.ndarray) -> list:
         inputs = {
