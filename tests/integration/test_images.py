@@ -2,8 +2,9 @@
 (a tiny random LLaVA, `pack_model.py --demo-vlm`) on both token-id routes: the CPU engine in the
 `tensorrt_llm` slot (direct) and our llmapi model on its CPU stand-in. The image reaches the
 model (two images give two different first-token log probs), every API brings it (openai chat,
-streamed and not; Responses `input_image`; anthropic `image` blocks; the native `images`), usage
-counts its tokens, and abuse is a 400 with nothing fetched. A LLaVA checkpoint made here with
+streamed and not; Responses `input_image`; anthropic `image` blocks; the native `images`), in a
+tool result too (Claude Code's Read of an image file, Codex's `view_image`), usage counts its
+tokens, and abuse is a 400 with nothing fetched. A LLaVA checkpoint made here with
 transformers packs with `--hf-model` and serves images too."""
 
 from __future__ import annotations
@@ -79,9 +80,27 @@ def server(
     started.stop()
 
 
-def first_log_probs(client: openai.OpenAI, model: str, data: bytes) -> list[float]:
+def tool_chat(data: bytes) -> list[dict[str, Any]]:
+    """A tool's result that holds an image, as every API's tool result reaches the chat core."""
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "view_image", "arguments": "{}"},
+    }
+    return [
+        {"role": "user", "content": "What is in a.png?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [
+            {"type": "text", "text": "a.png:"},
+            {"type": "image_url", "image_url": {"url": data_uri(data)}}]},
+    ]  # fmt: skip
+
+
+def first_log_probs(
+    client: openai.OpenAI, model: str, data: bytes, chat: Any = image_chat
+) -> list[float]:
     answer = client.chat.completions.create(
-        model=model, messages=image_chat(data), max_tokens=1, temperature=0, logprobs=True,
+        model=model, messages=chat(data), max_tokens=1, temperature=0, logprobs=True,
         top_logprobs=5,
     )  # fmt: skip
     content = answer.choices[0].logprobs.content  # type: ignore[union-attr]
@@ -130,14 +149,21 @@ def test_responses_input_image(client: openai.OpenAI, model: str) -> None:
     assert answer.usage.input_tokens > VLM_IMAGE_TOKENS
 
 
+def claude(server: BentoServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                               timeout=CLIENT_TIMEOUT_S)  # fmt: skip
+
+
+def image_block(data: bytes) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+    return {"type": "image", "source": source}
+
+
 def test_anthropic_image_block(server: BentoServer, model: str) -> None:
-    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
-                                 timeout=CLIENT_TIMEOUT_S)  # fmt: skip
-    block = {
-        "type": "image",
-        "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(RED).decode()},
-    }  # fmt: skip
-    messages: Any = [{"role": "user", "content": [block, {"type": "text", "text": "What is it?"}]}]
+    client = claude(server)
+    messages: Any = [
+        {"role": "user", "content": [image_block(RED), {"type": "text", "text": "What is it?"}]}
+    ]
     answer = client.messages.create(model=model, max_tokens=6, messages=messages)
     assert answer.content and answer.usage.input_tokens > VLM_IMAGE_TOKENS
     counted = client.messages.count_tokens(model=model, messages=messages)
@@ -146,6 +172,62 @@ def test_anthropic_image_block(server: BentoServer, model: str) -> None:
     )
     with client.messages.stream(model=model, max_tokens=6, messages=messages) as stream:
         assert stream.get_final_message().content
+
+
+def read_image_turn(*images: dict[str, Any]) -> Any:
+    """Claude Code's Read of an image file: the tool_result holds the image blocks."""
+    result = [{"type": "text", "text": "a.png:"}, *images]
+    return [
+        {"role": "user", "content": "What is in a.png?"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a.png"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]},
+    ]  # fmt: skip
+
+
+def view_image_items(*images: dict[str, Any]) -> Any:
+    """Codex's view_image: the function_call_output's output holds the input_image parts."""
+    output = [{"type": "input_text", "text": "a.png:"}, *images]
+    return [
+        {"role": "user", "content": "What is in a.png?"},
+        {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": output},
+    ]
+
+
+def input_image(data: bytes) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": data_uri(data)}
+
+
+def test_a_tool_results_image_reaches_the_model(client: openai.OpenAI, model: str) -> None:
+    red = first_log_probs(client, model, RED, tool_chat)
+    assert red != first_log_probs(client, model, BLUE, tool_chat)
+
+
+def test_anthropic_tool_result_image(server: BentoServer, model: str) -> None:
+    client = claude(server)
+    answer = client.messages.create(
+        model=model, max_tokens=4, messages=read_image_turn(image_block(RED))
+    )
+    assert answer.content
+    counted = client.messages.count_tokens(model=model, messages=read_image_turn(image_block(RED)))
+    text_only = client.messages.count_tokens(model=model, messages=read_image_turn())
+    assert counted.input_tokens == text_only.input_tokens + VLM_IMAGE_TOKENS
+    assert counted.input_tokens == answer.usage.input_tokens + (
+        answer.usage.cache_read_input_tokens or 0
+    )
+
+
+def test_responses_function_call_output_image(client: openai.OpenAI, model: str) -> None:
+    answer = client.responses.create(
+        model=model, input=view_image_items(input_image(BLUE)), max_output_tokens=4, store=False
+    )
+    text_only = client.responses.create(
+        model=model, input=view_image_items(), max_output_tokens=1, store=False
+    )
+    assert answer.output and answer.usage is not None and text_only.usage is not None
+    assert answer.usage.input_tokens == text_only.usage.input_tokens + VLM_IMAGE_TOKENS
 
 
 def test_the_native_api_takes_images(server: BentoServer) -> None:
@@ -277,6 +359,25 @@ def test_a_text_only_model_refuses_images(demo_server: BentoServer) -> None:
     model = client.models.list().data[0].id
     with pytest.raises(openai.BadRequestError, match="does not take images"):
         client.chat.completions.create(model=model, messages=image_chat(RED), max_tokens=2)
+
+
+def test_a_text_only_model_refuses_a_tool_results_image_naming_it(
+    demo_server: BentoServer,
+) -> None:
+    client = openai_client(demo_server, CLIENT_TIMEOUT_S)
+    model = client.models.list().data[0].id
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude(demo_server).messages.create(
+            model=model, max_tokens=2, messages=read_image_turn(image_block(RED))
+        )
+    message = refused.value.body["error"]["message"]  # type: ignore[index]
+    assert message.startswith("messages.2.content.0.content.1: this model does not take images")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=model, input=view_image_items(input_image(RED)), max_output_tokens=2
+        )
+    assert caught.value.param == "input[2].output[1]"
+    assert "input[2].output[1]: this model does not take images" in str(caught.value.body)
 
 
 def test_a_llava_checkpoint_made_with_transformers_packs_and_serves_images(

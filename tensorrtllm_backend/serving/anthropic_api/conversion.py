@@ -2,12 +2,14 @@
 
 System text, wherever it stands (the top-level `system`, and system messages among the others as
 Claude Code sends them), is the conversation's one system message, in order: chat templates take
-it first. A user turn's tool results come first, as tool messages; an assistant turn's tool_use
-blocks are its tool calls, its thinking the message's reasoning. Tools marked `defer_loading`
-stay out of the prompt until a `tool_reference` block in a tool result loads them. `thinking`
-adaptive is the model's own choice (the template's default), disabled turns a thinking model's
-template off, enabled asks a model that thinks; `output_config.effort` is the chat template's
-`reasoning_effort` variable (a template without one ignores it).
+it first. A user turn's tool results come first, as tool messages (a result's images among its
+text, where they stand); an assistant turn's tool_use blocks are its tool calls, its thinking the
+message's reasoning. Errors name each image by its block (`messages.3.content.0.content.1`).
+Tools marked `defer_loading` stay out of the prompt until a `tool_reference` block in a tool
+result loads them. `thinking` adaptive is the model's own choice (the template's default),
+disabled turns a thinking model's template off, enabled asks a model that thinks;
+`output_config.effort` is the chat template's `reasoning_effort` variable (a template without one
+ignores it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from ..chat.core import ChatCore
 from ..chat.core import chat_request as to_chat
+from ..chat.images import image_part
 from ..chat.request import ChatRequest
 from ..request_errors import RequestError
 from .protocol import (
@@ -46,7 +49,7 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
     """The conversation as chat messages (see the module's docstring)."""
     converted: list[dict[str, Any]] = []
     systems = [system] if system else []
-    for message in messages:
+    for m, message in enumerate(messages):
         blocks = (
             [TextBlock(type="text", text=message.content)]
             if isinstance(message.content, str)
@@ -58,13 +61,15 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
                 systems.append(text)
             continue
         if message.role == "user":
-            for block in blocks:
+            where = f"messages.{m}.content"
+            for b, block in enumerate(blocks):
                 if isinstance(block, ToolResultBlock):
+                    content = tool_content(block, f"{where}.{b}")
                     converted.append(
-                        {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()}
+                        {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
                     )
             if any(isinstance(block, ImageBlock) for block in blocks):
-                converted.append({"role": "user", "content": chat_parts(blocks)})
+                converted.append({"role": "user", "content": chat_parts(blocks, where)})
             elif text or not any(isinstance(block, ToolResultBlock) for block in blocks):
                 converted.append({"role": "user", "content": text})
             continue
@@ -89,15 +94,26 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
     return converted
 
 
-def chat_parts(blocks: list[Any]) -> list[dict[str, Any]]:
-    """A user message's text and images as OpenAI's content parts, in their order."""
+def chat_parts(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+    """Text and image blocks as OpenAI's content parts, in their order (`where`: the blocks'
+    place, which names each image)."""
     parts: list[dict[str, Any]] = []
-    for block in blocks:
+    for b, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ImageBlock):
-            parts.append({"type": "image_url", "image_url": {"url": block.source.url_of()}})
+            parts.append(image_part(block.source.url_of(), f"{where}.{b}"))
     return parts
+
+
+def tool_content(block: ToolResultBlock, where: str) -> str | list[dict[str, Any]]:
+    """A tool result as its tool message's content: its text, or its text and images as parts
+    where it holds images (an error's text marked as :meth:`ToolResultBlock.text` marks it)."""
+    content = block.content
+    if not isinstance(content, list) or not any(isinstance(b, ImageBlock) for b in content):
+        return block.text()
+    parts = chat_parts(content, f"{where}.content")
+    return [{"type": "text", "text": "Error: "}, *parts] if block.is_error else parts
 
 
 def offered_tools(request: CountTokensRequest) -> list[Tool]:

@@ -16,6 +16,13 @@ MESSAGES_FIELDS = rules.FieldTable(
             "system messages join the system message",
             None,
         ),
+        rules.mapped(
+            "messages[].content[].content",
+            "a tool_result's content: text, image blocks (for a model that takes images; its "
+            "tool message holds them where they stand, counted as any image) and tool_reference "
+            "blocks; documents and other blocks are refused",
+            None,
+        ),
         rules.mapped("system", "the system message, first", "Be brief."),
         rules.mapped("max_tokens", "max_tokens", 8),
         rules.honoured("stop_sequences", "", ["\n\n"]),

@@ -2,9 +2,10 @@
 `POST /v1/messages/count_tokens`).
 
 Strict types, as on the OpenAI API. Content blocks are read by their type: text, tool_use,
-tool_result, thinking and images (for a model that takes them) make the conversation; documents
-and server tools (web search, code execution, MCP servers...) are a 400 naming them. `cache_control` marks are accepted and
-change nothing (prompt caching is the engine's KV-cache reuse, which needs no marks).
+tool_result (its text and images), thinking and images (for a model that takes them) make the
+conversation; documents and server tools (web search, code execution, MCP servers...) are a 400
+naming them. `cache_control` marks are accepted and change nothing (prompt caching is the engine's
+KV-cache reuse, which needs no marks).
 """
 
 from __future__ import annotations
@@ -45,43 +46,6 @@ class ToolReferenceBlock(AnthropicModel):
     tool_name: str
 
 
-ResultBlock = Annotated[TextBlock | ToolReferenceBlock, Field(discriminator="type")]
-
-
-class ToolResultBlock(AnthropicModel):
-    type: Literal["tool_result"]
-    tool_use_id: str = Field(..., min_length=1)
-    content: str | list[ResultBlock] | None = None
-    is_error: bool = False
-    cache_control: dict[str, Any] | None = None
-
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            text = self.content or ""
-        else:
-            text = "".join(block.text for block in self.content if isinstance(block, TextBlock))
-        return f"Error: {text}" if self.is_error else text
-
-    def loaded_tools(self) -> list[str]:
-        """The deferred tools this result loads."""
-        if not isinstance(self.content, list):
-            return []
-        return [b.tool_name for b in self.content if isinstance(b, ToolReferenceBlock)]
-
-
-class ThinkingBlock(AnthropicModel):
-    type: Literal["thinking"]
-    thinking: str
-    signature: str | None = None
-
-
-class RedactedThinkingBlock(AnthropicModel):
-    """Opaque thinking of Anthropic's own models: nothing to show this model."""
-
-    type: Literal["redacted_thinking"]
-    data: str
-
-
 class ImageSource(AnthropicModel):
     """An image's bytes (base64, with their media type) or its URL."""
 
@@ -109,6 +73,59 @@ class ImageBlock(AnthropicModel):
     type: Literal["image"]
     source: ImageSource
     cache_control: dict[str, Any] | None = None
+
+
+# What a tool result holds: text, images (a screenshot, an image file read: where they stand among
+# its text, for a model that takes images) and tool references.
+ResultBlock = Annotated[TextBlock | ImageBlock | ToolReferenceBlock, Field(discriminator="type")]
+RESULT_BLOCK_TYPES = ("text", "image", "tool_reference")
+
+
+class ToolResultBlock(AnthropicModel):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(..., min_length=1)
+    # Blocks first: a block's own error is what a refusal quotes, not the string branch's.
+    content: list[ResultBlock] | str | None = None
+    is_error: bool = False
+    cache_control: dict[str, Any] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, content: Any) -> Any:
+        for block in content if isinstance(content, list) else ():
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in RESULT_BLOCK_TYPES:
+                raise ValueError(
+                    f"tool_result content blocks of type {kind!r} are not supported here (this "
+                    f"server reads {', '.join(RESULT_BLOCK_TYPES)})"
+                )
+        return content
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            text = self.content or ""
+        else:
+            text = "".join(block.text for block in self.content if isinstance(block, TextBlock))
+        return f"Error: {text}" if self.is_error else text
+
+    def loaded_tools(self) -> list[str]:
+        """The deferred tools this result loads."""
+        if not isinstance(self.content, list):
+            return []
+        return [b.tool_name for b in self.content if isinstance(b, ToolReferenceBlock)]
+
+
+class ThinkingBlock(AnthropicModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(AnthropicModel):
+    """Opaque thinking of Anthropic's own models: nothing to show this model."""
+
+    type: Literal["redacted_thinking"]
+    data: str
 
 
 Block = Annotated[

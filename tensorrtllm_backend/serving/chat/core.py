@@ -247,9 +247,10 @@ class ChatCore:
         return plan_tools(request, self.tool_format, self.template_renders_tools)
 
     def prompt_tokens(self, request: ChatRequest) -> int:
-        """The tokens of a chat request's prompt, its images' included (blocking)."""
-        prompt = self.render(request, self.plan_tools(request))
+        """The tokens of a chat request's prompt, its images' included (blocking). The images
+        are read first: a model that takes none refuses them as :meth:`prepare` does."""
         images = self.load_images(request)
+        prompt = self.render(request, self.plan_tools(request))
         if images:
             assert self.vision is not None
             return len(self.vision.prompt_ids(prompt, images).expanded)
@@ -277,7 +278,7 @@ class ChatCore:
         if self.vision is None:
             where = first_image(request.messages)
             if where is not None:
-                raise RequestError(self.images_unsupported, param=where)
+                raise RequestError(f"{where}: {self.images_unsupported}", param=where)
             return []
         refs = image_refs(request.messages)
         return self.vision.load(refs) if refs else []

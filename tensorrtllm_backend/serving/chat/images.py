@@ -2,10 +2,20 @@
 (common/media.py), and placed in the prompt by the model's own processor.
 
 Every API brings its images to the chat core as OpenAI's `image_url` parts (Anthropic's image
-blocks and the Responses API's `input_image` are converted to them). The chat template sees an
-`{"type": "image"}` part where each image stands, as Hugging Face processors' templates expect;
-the processor then expands each image's placeholder into the tokens the model sees for it, so
-the prompt's token count (usage, the engine's limits) includes the image's tokens.
+blocks and the Responses API's `input_image` are converted to them), in any message: a tool
+message holds the images of a tool result (a screenshot, an image file read), where they stand
+among its text. The chat template sees an `{"type": "image"}` part where each image stands, as
+Hugging Face processors' templates expect; the processor then expands each image's placeholder
+into the tokens the model sees for it, so the prompt's token count (usage, the engine's limits)
+includes the image's tokens. A template that renders a message's content as a string only (some
+do so for tool messages) places no image there: the request is refused (the placeholders do not
+match the images) rather than the image moved elsewhere.
+
+Errors name an image by its place in the chat messages (`messages[1].content[0]`), or by the one
+its API gave the part (`WHERE`): the messages of the Anthropic and Responses APIs are not the chat
+messages one for one (a user turn's tool results are messages of their own, function calls join
+one assistant message), so each names its images itself (`messages.3.content.0.content.1`,
+`input[2].output[1]`).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from ...settings import Settings
 from ..request_errors import RequestError
 
 IMAGE_PART = "image_url"  # the one image part type the chat core reads
+WHERE = "where"  # an image part's place in the request of its API, where that API names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +54,26 @@ def media_limits(settings: Settings) -> MediaLimits:
     )
 
 
+def image_part(url: str, where: str = "") -> dict[str, Any]:
+    """The chat part of an image of another API (`where`: its place in that API's request)."""
+    part: dict[str, Any] = {"type": IMAGE_PART, IMAGE_PART: {"url": url}}
+    if where:
+        part[WHERE] = where
+    return part
+
+
+def _where(part: dict[str, Any], m: int, p: int) -> str:
+    named = part.get(WHERE)
+    return named if isinstance(named, str) and named else f"messages[{m}].content[{p}]"
+
+
 def first_image(messages: Sequence[Any]) -> str | None:
     """Where a conversation's first image part stands (None: it has none)."""
     for m, message in enumerate(messages):
         if isinstance(message.content, list):
             for p, part in enumerate(message.content):
                 if part.get("type") == IMAGE_PART:
-                    return f"messages[{m}].content[{p}]"
+                    return _where(part, m, p)
     return None
 
 
@@ -62,7 +86,7 @@ def image_refs(messages: Sequence[Any]) -> list[ImageRef]:
         for p, part in enumerate(message.content):
             if part.get("type") != IMAGE_PART:
                 continue
-            where = f"messages[{m}].content[{p}]"
+            where = _where(part, m, p)
             image = part.get(IMAGE_PART)
             url = image.get("url") if isinstance(image, dict) else image
             if not isinstance(url, str) or not url:

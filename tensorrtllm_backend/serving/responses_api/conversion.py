@@ -55,7 +55,8 @@ FIELDS = {
 
 
 def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list[InputItem]:
-    """Input items by their type (a message may leave it out); others are a 400."""
+    """Input items by their type (a message may leave it out); others are a 400. Each keeps its
+    place (`input[2]`), which names its images in errors."""
     if isinstance(items, str):
         return [MessageItem(role="user", content=items)]
     parsed: list[InputItem] = []
@@ -69,11 +70,11 @@ def parse_items(items: str | list[dict[str, Any]], where: str = "input") -> list
                 "apply_patch tools with their outputs are)",
                 param=f"{where}[{position}].type",
             )
+        where_item = f"{where}[{position}]"
         try:
-            parsed.append(model.model_validate(item))
+            parsed.append(model.model_validate(item, context={"where": where_item}))
         except ValidationError as error:
             message, location = validation_message(error)
-            where_item = f"{where}[{position}]"
             raise RequestError(
                 f"{where_item}.{message}", param=f"{where_item}.{location}" if location else None
             ) from None
@@ -102,8 +103,9 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
     """The conversation as chat messages: the instructions and every system or developer message
     are the one system message, first (what chat templates take); function calls join the
     assistant message before them (a namespace's function, a custom tool or a client-executed
-    built-in by the name it is offered under), their outputs are tool messages, and a reasoning
-    item is the thinking of the assistant message after it."""
+    built-in by the name it is offered under), their outputs are tool messages (a function's
+    images among its text, where they stand), and a reasoning item is the thinking of the
+    assistant message after it."""
     messages: list[dict[str, Any]] = []
     systems = [instructions] if instructions else []
     thinking = ""
@@ -112,7 +114,8 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict
             thinking += item.text()
             continue
         if isinstance(item, FunctionCallOutputItem):  # a custom tool call's output too
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+            content = item.chat_content()
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
             continue
         if isinstance(item, ClientOutputItem):
             messages.append(

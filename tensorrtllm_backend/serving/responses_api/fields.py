@@ -18,6 +18,13 @@ RESPONSES_FIELDS = rules.FieldTable(
             "input_image parts with image_url for a model that takes images (file_id: a 400)",
             None,
         ),
+        rules.mapped(
+            "input[].output",
+            "a function_call_output's (or custom_tool_call_output's) output: text, or input_text "
+            "and input_image parts (for a model that takes images; its tool message holds them "
+            "where they stand, counted as any image); input_file parts are refused",
+            None,
+        ),
         rules.mapped("instructions", "the system message, first", "Be brief."),
         rules.mapped("max_output_tokens", "max_tokens", 8),
         *rules.as_documented("temperature", "top_p"),

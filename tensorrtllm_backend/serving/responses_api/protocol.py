@@ -9,15 +9,17 @@ are accepted and change nothing.
 Input items are read by their `type` (a message may leave it out): messages, `function_call`,
 `function_call_output`, `reasoning` items, custom tool calls and the calls of the client-executed
 built-in tools (`shell`, `local_shell`, `apply_patch`) with their outputs are the conversation;
-any other item type is a 400.
+any other item type is a 400. A message's content and a function call's output are text and
+`input_image` parts (Codex's `view_image` answers with an image); files are a 400.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from ..chat.images import image_part
 from ..chat.request import NAME_PATTERN, BookkeepingFields, RequestModel
 from ..schemas import MAX_GUIDE_CHARS, UINT64_MAX
 from .fields import RESPONSES_FIELDS
@@ -48,8 +50,8 @@ class TextPart(RequestModel):
 
 
 class ImagePart(RequestModel):
-    """An image of a user message (`input_image`): a URL, a data: URI included; OpenAI's
-    stored files (`file_id`) are not here."""
+    """An image (`input_image`) of a user message or of a function call's output: a URL, a data:
+    URI included; OpenAI's stored files (`file_id`) are not here."""
 
     type: Literal["input_image"]
     image_url: str | None = None
@@ -67,39 +69,77 @@ class ImagePart(RequestModel):
 
 
 MessagePart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+PART_TYPES = ("input_text", "output_text", "text", "refusal", "input_image")
 
 
-def _joined(content: str | list[TextPart]) -> str:
-    return content if isinstance(content, str) else "".join(part.value() for part in content)
+def _known_parts(parts: Any) -> Any:
+    """Parts of the types read here; any other (`input_file`...) is a 400 naming its type."""
+    for part in parts if isinstance(parts, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in PART_TYPES:
+            hint = "; send a file's text as input_text" if kind == "input_file" else ""
+            raise ValueError(
+                f"parts of type {kind!r} are not supported here (this server reads "
+                f"{', '.join(PART_TYPES)}{hint})"
+            )
+    return parts
 
 
-class MessageItem(RequestModel):
+class PartsItem(RequestModel):
+    """An item of text and image parts. It keeps its place in the request (`input[2]`, the
+    validation context's "where", as :func:`.conversion.parse_items` gives it): errors name
+    each image by it."""
+
+    _where: str = PrivateAttr("")
+
+    @model_validator(mode="after")
+    def _placed(self, info: ValidationInfo) -> PartsItem:
+        if isinstance(info.context, dict):
+            self._where = str(info.context.get("where", ""))
+        return self
+
+    @staticmethod
+    def _text(parts: str | list[MessagePart]) -> str:
+        if isinstance(parts, str):
+            return parts
+        return "".join(part.value() for part in parts if isinstance(part, TextPart))
+
+    def _chat_parts(self, parts: str | list[MessagePart], field: str) -> str | list[dict[str, Any]]:
+        """Parts as a chat message's content: their text, or OpenAI's parts in their order
+        where they hold an image (each named by its place, `input[2].content[1]`)."""
+        if isinstance(parts, str) or not any(isinstance(part, ImagePart) for part in parts):
+            return self._text(parts)
+        where = f"{self._where}.{field}" if self._where else ""
+        return [
+            image_part(str(part.image_url), f"{where}[{p}]" if where else "")
+            if isinstance(part, ImagePart)
+            else {"type": "text", "text": part.value()}
+            for p, part in enumerate(parts)
+        ]
+
+
+class MessageItem(PartsItem):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[MessagePart]
+    # Parts first: a part's own error is what a refusal quotes, not the string branch's.
+    content: list[MessagePart] | str
     id: str | None = None
     status: str | None = None
     phase: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts_read_here(cls, content: Any) -> Any:
+        return _known_parts(content)
+
     def text(self) -> str:
         """The message's text (its images are the chat content's: :meth:`chat_content`)."""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.value() for part in self.content if isinstance(part, TextPart))
+        return self._text(self.content)
 
     def chat_content(self) -> str | list[dict[str, Any]]:
         """The content as a chat message's: its text, or OpenAI's parts where it holds an
         image."""
-        if isinstance(self.content, str) or not any(
-            isinstance(part, ImagePart) for part in self.content
-        ):
-            return self.text()
-        return [
-            {"type": "image_url", "image_url": {"url": part.image_url}}
-            if isinstance(part, ImagePart)
-            else {"type": "text", "text": part.value()}
-            for part in self.content
-        ]
+        return self._chat_parts(self.content, "content")
 
 
 class FunctionCallItem(RequestModel):
@@ -112,15 +152,27 @@ class FunctionCallItem(RequestModel):
     namespace: str | None = Field(None, pattern=NAME_PATTERN)  # a function of a namespace tool
 
 
-class FunctionCallOutputItem(RequestModel):
+class FunctionCallOutputItem(PartsItem):
+    """A function's output: text, or text and image parts (a screenshot, an image file read)."""
+
     type: Literal["function_call_output"]
     call_id: str = Field(..., min_length=1)
-    output: str | list[TextPart]
+    output: list[MessagePart] | str
     id: str | None = None
     status: str | None = None
 
+    @field_validator("output", mode="before")
+    @classmethod
+    def _parts_read_here(cls, output: Any) -> Any:
+        return _known_parts(output)
+
     def text(self) -> str:
-        return _joined(self.output)
+        return self._text(self.output)
+
+    def chat_content(self) -> str | list[dict[str, Any]]:
+        """The output as its tool message's content: its text, or OpenAI's parts where it
+        holds an image."""
+        return self._chat_parts(self.output, "output")
 
 
 class ReasoningText(RequestModel):

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from tensorrtllm_backend.serving.anthropic_api.conversion import chat_messages
 from tensorrtllm_backend.serving.anthropic_api.messages import ContentBuilder, _stop
@@ -67,6 +68,53 @@ def test_a_user_turn_of_tool_results_only_adds_no_empty_message() -> None:
     assert chat_messages(None, parsed.messages) == [
         {"role": "tool", "tool_call_id": "t1", "content": ""}
     ]
+
+
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
+def test_a_tool_results_images_stay_in_its_tool_message_where_they_stand() -> None:
+    """Claude Code's Read of an image file, or a screenshot tool: image blocks in the result."""
+    parsed = request(
+        messages=[
+            {"role": "user", "content": "Open a.png"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "a.png"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "a.png:"}, {"type": "image", "source": PNG}]},
+                {"type": "tool_result", "tool_use_id": "t2", "is_error": True, "content": [
+                    {"type": "image", "source": {"type": "url", "url": "https://a.example/x"}},
+                    {"type": "text", "text": "blurred"}]},
+            ]},
+        ]
+    )  # fmt: skip
+    url = f"data:image/png;base64,{PNG['data']}"
+    assert chat_messages(None, parsed.messages)[2:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": [
+            {"type": "text", "text": "a.png:"},
+            {"type": "image_url", "image_url": {"url": url}, "where": "messages.2.content.0.content.1"},
+        ]},
+        {"role": "tool", "tool_call_id": "t2", "content": [
+            {"type": "text", "text": "Error: "},
+            {"type": "image_url", "image_url": {"url": "https://a.example/x"},
+             "where": "messages.2.content.1.content.0"},
+            {"type": "text", "text": "blurred"},
+        ]},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"type": "image", "source": {"type": "base64", "data": "x"}}, "needs media_type and data"),
+        ({"type": "document", "source": {"type": "text", "data": "x"}}, "type 'document' are not"),
+    ],
+)
+def test_what_a_tool_result_cannot_hold_is_a_400_saying_so(block: dict, message: str) -> None:
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [block]}
+    with pytest.raises(ValidationError, match=message):
+        request(messages=[{"role": "user", "content": [result]}])
 
 
 @pytest.mark.parametrize(

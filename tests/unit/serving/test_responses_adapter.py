@@ -73,17 +73,51 @@ def test_a_call_without_a_message_before_it_is_an_assistant_message_of_its_own()
     assert assistant["role"] == "assistant" and assistant["content"] is None
 
 
+def test_a_functions_images_stay_in_its_tool_message_where_they_stand() -> None:
+    """Codex's view_image: its output holds the image (and text parts, as other tools send)."""
+    png = "data:image/png;base64,iVBORw0KGgo="
+    items = parse_items(
+        [
+            {"role": "user", "content": "Look at a.png"},
+            {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [
+                {"type": "input_text", "text": "a.png:"},
+                {"type": "input_image", "image_url": png, "detail": "original"}]},
+            {"type": "custom_tool_call", "call_id": "c2", "name": "shot", "input": ""},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": [
+                {"type": "input_image", "image_url": png}]},
+        ]
+    )  # fmt: skip
+    messages = chat_messages("Be brief.", items)
+    assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": [
+        {"type": "text", "text": "a.png:"},
+        {"type": "image_url", "image_url": {"url": png}, "where": "input[2].output[1]"},
+    ]}  # fmt: skip
+    assert messages[5]["content"] == [
+        {"type": "image_url", "image_url": {"url": png}, "where": "input[4].output[0]"}
+    ]
+    assert items[2].text() == "a.png:"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
-    ("items", "param"),
+    ("items", "param", "message"),
     [
-        ([{"type": "web_search_call", "id": "x"}], "input[0].type"),
-        ([{"role": "user", "content": [{"type": "input_image", "file_id": "x"}]}], "input[0]"),
-        ([{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}], "input[0]"),
-        ([{"type": "function_call_output", "output": "x"}], "input[0].call_id"),
+        ([{"type": "web_search_call", "id": "x"}], "input[0].type", "not supported"),
+        ([{"role": "user", "content": [{"type": "input_image", "file_id": "x"}]}], "input[0]",
+         "input_image needs image_url"),
+        ([{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}],
+         "input[0].content", "type 'input_file' are not supported"),
+        ([{"type": "function_call_output", "output": "x"}], "input[0].call_id", "call_id"),
+        ([{"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_image", "file_id": "x"}]}], "input[0].output",
+         "input_image needs image_url"),
+        ([{"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_text", "text": "x"}, {"type": "input_file", "file_data": "x"}]}],
+         "input[0].output", "type 'input_file' are not supported"),
     ],
-)
-def test_items_that_cannot_be_read_are_a_400(items: list[Any], param: str) -> None:
-    with pytest.raises(RequestError) as caught:
+)  # fmt: skip
+def test_items_that_cannot_be_read_are_a_400(items: list[Any], param: str, message: str) -> None:
+    with pytest.raises(RequestError, match=message) as caught:
         parse_items(items)
     assert caught.value.param is not None and caught.value.param.startswith(param)
 
