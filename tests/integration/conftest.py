@@ -396,3 +396,19 @@ def module_bento_launcher(
     yield launcher
     for server in servers:
         stop_and_reap(server)
+
+
+@pytest.fixture(scope="module")
+def text_route(
+    demo_model: str, module_bento_launcher: Callable[..., BentoServer]
+) -> Callable[[str], BentoServer]:
+    """The demo model served on a text route (`ensemble`, `bls`: their generation returns the
+    chosen token's log prob only), one server per route for the whole module."""
+    servers: dict[str, BentoServer] = {}
+
+    def server(route: str) -> BentoServer:
+        if route not in servers:
+            servers[route] = module_bento_launcher(demo_model, {"TRTLLM_ROUTE": route}, wait=True)
+        return servers[route]
+
+    return server

@@ -197,22 +197,6 @@ def test_bad_batches_and_scores_are_400s_that_say_what_to_fix(
     assert message in response.json()["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def text_route(
-    demo_model: str, module_bento_launcher: Callable[..., BentoServer]
-) -> Callable[[str], BentoServer]:
-    """The demo model served on a text route (whose generation returns no alternatives), one
-    server per route for the whole module."""
-    servers: dict[str, BentoServer] = {}
-
-    def server(route: str) -> BentoServer:
-        if route not in servers:
-            servers[route] = module_bento_launcher(demo_model, {"TRTLLM_ROUTE": route}, wait=True)
-        return servers[route]
-
-    return server
-
-
 @pytest.mark.parametrize("route", ["bls", "ensemble"])
 def test_loglikelihood_where_the_generation_returns_no_alternatives(
     route: str, demo_server: BentoServer, text_route: Callable[[str], BentoServer]

@@ -23,26 +23,11 @@ def stream_text(url: str, body: dict[str, object]) -> str:
         return "".join(response.iter_text())
 
 
-@pytest.fixture(scope="module")
-def routed(
-    demo_model: str, module_bento_launcher: Callable[..., BentoServer]
-) -> Callable[[str], BentoServer]:
-    """The demo model served on a text route, one server per route for the whole module."""
-    servers: dict[str, BentoServer] = {}
-
-    def server(route: str) -> BentoServer:
-        if route not in servers:
-            servers[route] = module_bento_launcher(demo_model, {"TRTLLM_ROUTE": route}, wait=True)
-        return servers[route]
-
-    return server
-
-
 @pytest.mark.parametrize("route", ["ensemble", "bls"])
 def test_text_routes_behave_like_direct(
-    route: str, demo_server: BentoServer, routed: Callable[[str], BentoServer]
+    route: str, demo_server: BentoServer, text_route: Callable[[str], BentoServer]
 ) -> None:
-    direct, routed_server = demo_server, routed(route)
+    direct, routed_server = demo_server, text_route(route)
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
 
     expected = httpx.post(f"{direct.url}/generate_text", json=body, timeout=60).json()["text"]
@@ -87,11 +72,13 @@ def test_text_routes_behave_like_direct(
         assert refused.status_code == 400 and "sequence_index" in refused.text
 
 
-def test_concurrent_stop_strings_keep_tritonserver_up(routed: Callable[[str], BentoServer]) -> None:
+def test_concurrent_stop_strings_keep_tritonserver_up(
+    text_route: Callable[[str], BentoServer],
+) -> None:
     """Cutting a stream at a stop string used to cancel it just as the engine, which had the same
     stop words, ended it: under concurrency that race crashed tritonserver 2.51 within seconds
     (server#7840). The cut streams are now left to end."""
-    server = routed("ensemble")
+    server = text_route("ensemble")
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
     expected = httpx.post(f"{server.url}/generate_text", json=body, timeout=60).json()["text"]
     stop = expected.strip().split()[len(expected.split()) // 2]
