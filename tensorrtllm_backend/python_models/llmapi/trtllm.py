@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,6 +39,8 @@ from ..request_error import RequestError
 from ..stub_settings import media_limits
 from . import engine
 from .settings import ModelSettings
+
+log = logging.getLogger(__name__)
 
 # What SamplingParams takes as it is (engine.Sampling's fields carry its names).
 _PLAIN_FIELDS = (
@@ -183,8 +186,10 @@ class TrtllmEngine:
         if self._events is not None:
             arguments = with_kv_events(arguments)
         self._block_size = tokens_per_block(arguments.get("kv_cache_config"))
+        self._event_buffer = event_buffer_size(arguments.get("kv_cache_config"))
         self._llm = tensorrt_llm.LLM(**arguments)
         self._takes_images = takes_images(self._llm)
+        self._bridge: KvEventBridge | None = None
         self._event_task: asyncio.Task[None] | None = None
         self.name = f"tensorrt_llm {getattr(tensorrt_llm, '__version__', '')} ({settings.path})"
 
@@ -209,10 +214,14 @@ class TrtllmEngine:
             lora_request=lora,
             streaming=request.streaming,
         )
-        if self._events is not None and self._event_task is None:
-            # The LLM API's event queue exists once a request went in.
-            bridge = KvEventBridge(self._llm, self._events, self._block_size)
-            self._event_task = asyncio.get_running_loop().create_task(bridge.run())
+        if self._events is not None:
+            if self._bridge is None:
+                # The LLM API's event queue exists once a request went in.
+                self._bridge = KvEventBridge(
+                    self._llm, self._events, self._block_size, self._event_buffer
+                )
+                self._event_task = asyncio.get_running_loop().create_task(self._bridge.run())
+            self._bridge.submitted()
         return TrtllmGeneration(output, request)
 
     def _check_images(self, request: engine.EngineRequest) -> None:
@@ -356,7 +365,12 @@ def _rank(entry: Any) -> tuple[int, float]:
 
 # Events the LLM API buffers between two reads (KvCacheConfig.event_buffer_max_size; 0: off).
 KV_EVENT_BUFFER = 4096
-KV_EVENT_POLL_S = 0.2  # the LLM API's own worker drains the engine's events this often
+# How long one read of the LLM API's events waits for the next. Its iterator ends after that long
+# without an event and stays ended until the next generate_async: an event that comes later (a
+# long request's blocks stored or evicted as it finishes, with no request after it) would wait
+# for the next request. So the read outlasts any quiet stretch of a running engine; only an
+# engine idle for that long ends it, and the bridge reads again when the next request goes in.
+KV_EVENT_WAIT_S = 3600.0
 DEFAULT_TOKENS_PER_BLOCK = 32  # KvCacheConfig's
 
 
@@ -382,6 +396,15 @@ def tokens_per_block(kv_cache_config: Any) -> int:
     return int(value or DEFAULT_TOKENS_PER_BLOCK)
 
 
+def event_buffer_size(kv_cache_config: Any) -> int:
+    """KvCacheConfig.event_buffer_max_size as with_kv_events left it (0: no events)."""
+    if isinstance(kv_cache_config, dict):
+        value = kv_cache_config.get("event_buffer_max_size")
+    else:
+        value = getattr(kv_cache_config, "event_buffer_max_size", None)
+    return int(value or 0)
+
+
 class KvEventBridge:
     """The LLM API's KV-cache events as vLLM's, published (python_models/kv_events.py).
 
@@ -391,27 +414,86 @@ class KvEventBridge:
     reusable, and "removed" follows when it leaves). Blocks not full (fewer tokens than the
     engine's block size) are left out, as Dynamo's publisher does, and so is their later
     removal; with sliding-window layers only the largest window's events count. With attention
-    data parallelism every rank's events (`attention_dp_rank`) go to this one stream."""
+    data parallelism every rank's events (`attention_dp_rank`) go to this one stream.
 
-    def __init__(self, llm: Any, publisher: KvEventPublisher, block_size: int) -> None:
+    Events lost before they were read (a gap in `event_id`) make it publish AllBlocksCleared
+    first: see :meth:`_resync`."""
+
+    def __init__(
+        self,
+        llm: Any,
+        publisher: KvEventPublisher,
+        block_size: int,
+        buffer_size: int = KV_EVENT_BUFFER,
+    ) -> None:
         self._llm = llm
         self._publisher = publisher
         self._block_size = block_size
+        self._buffer_size = buffer_size
         self._partial: set[int] = set()
         self._window = 0
+        self._next_ids: dict[int | None, int] = {}  # attention DP rank -> the event_id due next
+        self._submitted = asyncio.Event()
+
+    def submitted(self) -> None:
+        """A request went in (generate_async): an iterator that ended yields again."""
+        self._submitted.set()
 
     async def run(self) -> None:
         while True:
-            async for event in self._llm.get_kv_cache_events_async(timeout=KV_EVENT_POLL_S):
-                translated = self.translate(event)
-                if translated:
-                    self._publisher.publish(translated)
-            # After a timeout the iterator stays done until the next request: poll again.
-            await asyncio.sleep(KV_EVENT_POLL_S)
+            self._submitted.clear()
+            async for event in self._llm.get_kv_cache_events_async(timeout=KV_EVENT_WAIT_S):
+                try:
+                    translated = self.translate(event)
+                    if translated:
+                        self._publisher.publish(translated)
+                except Exception:  # one event this bridge cannot read must not end the stream
+                    log.exception("KV-cache event not published: %r", event)
+            # KV_EVENT_WAIT_S without an event: the iterator stays ended until a request goes in.
+            await self._submitted.wait()
 
     def translate(self, event: Any) -> list[KvEvent]:
         if isinstance(event, str):
             event = json.loads(event)
+        return self._resync(event) + self._translate(event)
+
+    def _resync(self, event: dict[str, Any]) -> list[KvEvent]:
+        """[AllBlocksCleared()] when events were lost before this one, else [].
+
+        Each KV-cache event manager (one per attention DP rank) numbers its events from 0, the
+        cache's "created", and TensorRT-LLM drops the oldest when more than
+        event_buffer_max_size wait to be read. An event_id other than the one due (a gap, or a
+        first event read that is not 0) means stores or evictions this bridge never saw, and no
+        way to learn which. Subscribers are told to forget this replica's blocks: a router that
+        believes a replica holds a prefix it evicted keeps sending that prefix's requests there,
+        to be computed again, while one that believes too little only misses some hits, and the
+        stores that follow rebuild its view. Translation goes on from this event."""
+        if "event_id" not in event:
+            return []  # a None event serializes to {}
+        rank = event.get("attention_dp_rank")
+        event_id = int(event["event_id"])
+        due = self._next_ids.get(rank, 0)
+        self._next_ids[rank] = event_id + 1
+        if event_id == due:
+            return []
+        if event_id > due:
+            what = f"{event_id - due} KV-cache events were dropped before event_id {event_id}"
+        else:
+            what = f"the KV-cache event ids went back from {due} to {event_id}"
+        log.warning(
+            "%s%s: TensorRT-LLM drops the oldest events when more than "
+            "kv_cache_config.event_buffer_max_size (%d) wait to be read. Published "
+            "AllBlocksCleared: subscribers forget this replica's blocks, and the stores that "
+            "follow rebuild what they know (raise event_buffer_max_size in model.yaml if this "
+            "repeats)",
+            what,
+            "" if rank is None else f" on attention DP rank {rank}",
+            self._buffer_size,
+        )
+        self._partial.clear()  # their removals may be among the lost: nothing left to match
+        return [AllBlocksCleared()]
+
+    def _translate(self, event: dict[str, Any]) -> list[KvEvent]:
         window = int(event.get("window_size") or 0)
         if window < self._window:
             return []

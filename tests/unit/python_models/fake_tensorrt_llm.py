@@ -21,9 +21,11 @@ What it holds to the letter, so that a call the real API would reject fails here
   request finishes, its blocks (all but the last token, the last block maybe partial) "stored",
   blocks evicted to make room "removed" (least recently used leaves first), or, when
   `fake.kv_host_blocks` gives a host level, moved there and back as "updated" cache levels.
-  `fake.kv_window_sizes` lists the attention windows: each has its own cache and events, the
-  smaller ones fewer blocks. Unlike the real iterator (which waits `timeout` for an event, then
-  stays ended until the next generate_async), the fake's ends as soon as none is queued.
+  `fake.kv_window_sizes` lists the attention windows: each has its own cache, the smaller ones
+  fewer blocks, and one event_id counter numbers all their events. As recorded, the iterator
+  waits up to `timeout` for each event, ends when none came, and stays ended until the next
+  generate_async; when more than event_buffer_max_size events wait to be read, the oldest are
+  dropped (a gap in event_id; `LLM.kv_events_dropped` counts them).
 
 Its "model" is scripted: sequence i of a request emits the tokens 100 + 10 * i + step, each
 step's log probs ranked (the token itself at rank 1), text "<id>" per token. Asked for context
@@ -447,9 +449,11 @@ class LLM:
         self.input_processor = processor()
         self.kv_events: list[dict[str, Any]] = []  # queued for get_kv_cache_events_async
         self.kv_event_log: list[dict[str, Any]] = []  # every event queued, for the tests
+        self.kv_events_dropped = 0  # the oldest, when more than event_buffer_max_size waited
+        self._kv_queued = asyncio.Event()
+        self._kv_iteration: KvEventIteration | None = None  # built by the first generate_async
         self.kv_caches: dict[int, KvCache] = {}  # attention window -> its cache
         self._next_event_id = 0
-        self._submitted = False
         if self._kv_config("event_buffer_max_size"):
             self._build_kv_caches()
         fake.llms.append(self)
@@ -484,6 +488,11 @@ class LLM:
         self._next_event_id += 1
         self.kv_events.append(event)
         self.kv_event_log.append(event)
+        overflow = len(self.kv_events) - int(self._kv_config("event_buffer_max_size"))
+        if overflow > 0:
+            del self.kv_events[:overflow]
+            self.kv_events_dropped += overflow
+        self._kv_queued.set()
 
     def _store_kv_blocks(self, sequence: list[int]) -> None:
         for cache in self.kv_caches.values():
@@ -499,34 +508,62 @@ class LLM:
         fake.calls.append(call)
         prompt_ids = _prompt_ids(call["inputs"], self.input_processor)
         params = call.get("sampling_params") or SamplingParams()
-        self._submitted = True
+        if self._kv_iteration is None:
+            self._kv_iteration = KvEventIteration(self)
+        self._kv_iteration.done = False  # IterationResult.mark_undone: new prompts, new events
         return RequestOutput(fake, prompt_ids, params, on_finish=self._store_kv_blocks)
 
-    def get_kv_cache_events_async(self, *args: Any, **kwargs: Any) -> Any:
-        """An async iterator of the queued events, each as the LLM API gives it (json.loads of
-        the serialized event); it ends when none is left."""
-        self._events_signature.bind(self, *args, **kwargs)
-        self._check_events_exist()
-
-        async def events() -> Any:
-            while self.kv_events:
-                yield json.loads(json.dumps(self.kv_events.pop(0)))
-            await asyncio.sleep(0)
-
-        return events()
+    def get_kv_cache_events_async(self, *args: Any, **kwargs: Any) -> KvEventIteration:
+        """The one iterator of the queued events (its timeout set), each as the LLM API gives
+        it (json.loads of the serialized event)."""
+        bound = self._events_signature.bind(self, *args, **kwargs)
+        iteration = self._check_events_exist()
+        iteration.timeout = bound.arguments.get("timeout", 2)
+        return iteration
 
     def get_kv_cache_events(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """Every queued event at once (the adapter reads the async iterator)."""
         self._events_sync_signature.bind(self, *args, **kwargs)
         self._check_events_exist()
         events, self.kv_events = self.kv_events, []
         return json.loads(json.dumps(events))
 
-    def _check_events_exist(self) -> None:
-        if not self._submitted:  # the executor builds its event queue on the first request
+    def _check_events_exist(self) -> KvEventIteration:
+        if self._kv_iteration is None:  # the executor builds its event queue on the first request
             raise AssertionError("KV Event IterationResult is not properly instantiated.")
+        return self._kv_iteration
+
+    async def _next_kv_event(self) -> dict[str, Any]:
+        while not self.kv_events:
+            self._kv_queued.clear()
+            await self._kv_queued.wait()
+        return json.loads(json.dumps(self.kv_events.pop(0)))
 
     def shutdown(self) -> None:
         self.shut_down = True
+
+
+class KvEventIteration:
+    """The LLM API's IterationResult of KV-cache events: each next event waits up to `timeout`
+    seconds; when none came, the iteration ends, and stays ended (for every caller of
+    get_kv_cache_events_async) until the next generate_async."""
+
+    def __init__(self, llm: LLM) -> None:
+        self._llm = llm
+        self.timeout: float | None = 2
+        self.done = False
+
+    def __aiter__(self) -> KvEventIteration:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            return await asyncio.wait_for(self._llm._next_kv_event(), self.timeout)
+        except TimeoutError:
+            self.done = True
+            raise StopAsyncIteration from None
 
 
 SamplingParams = _keyword_dataclass(

@@ -6,9 +6,14 @@ documented keywords: any keyword we pass that the contract lacks fails these tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import importlib
 import io
 import json
+import logging
+import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import fake_tensorrt_llm
@@ -366,9 +371,16 @@ def test_the_llm_apis_kv_cache_events_are_published_in_vllms_format(
 BIG_HASH = 2**64 - 5  # block hashes are uint64: above 2**63 too
 
 
-def llm_api_event(data: dict, window: int = 2048, event_id: int = 1) -> dict:
-    event = fake_tensorrt_llm.kv_event("event", event_id=event_id, data=data, window_size=window)
+def llm_api_event(data: dict, window: int = 2048, event_id: int = 0, **optional) -> dict:
+    event = fake_tensorrt_llm.kv_event(
+        "event", event_id=event_id, data=data, window_size=window, **optional
+    )
     return json.loads(json.dumps(event))
+
+
+def numbered(events: list[dict], window: int = 2048) -> list[dict]:
+    """Events' data as one event manager sends them: event_id from 0."""
+    return [llm_api_event(data, window, event_id) for event_id, data in enumerate(events)]
 
 
 def stored(parent: int | None, *blocks: tuple[int, list[int]]) -> dict:
@@ -423,7 +435,7 @@ KV_EVENT_CASES = {
 @pytest.mark.parametrize("kind", sorted(fake_tensorrt_llm.KV_EVENTS["data"]))
 def test_each_kv_event_type_the_llm_api_records_has_its_translation(fake, kind) -> None:
     events, expected = KV_EVENT_CASES[kind]
-    assert translated([llm_api_event(data) for data in events])[-1] == expected
+    assert translated(numbered(events))[-1] == expected
 
 
 def test_a_stored_chain_keeps_its_parent(fake) -> None:
@@ -441,7 +453,7 @@ def test_a_partial_block_is_left_out_and_so_is_its_removal(fake) -> None:
         stored(None, (3, [1, 2])),
         removed(3),
     ]
-    assert translated([llm_api_event(data) for data in events]) == [
+    assert translated(numbered(events)) == [
         [BlockStored([1], None, [1, 2, 3, 4], 4)],
         [BlockRemoved([1])],
         [],
@@ -461,7 +473,8 @@ def test_only_the_largest_attention_windows_events_count(fake) -> None:
         (created(), 512),
         (removed(1), 4096),
     ]
-    assert translated([llm_api_event(data, window) for data, window in sequence]) == [
+    events = [llm_api_event(data, window, n) for n, (data, window) in enumerate(sequence)]
+    assert translated(events) == [
         [AllBlocksCleared()],
         [AllBlocksCleared()],
         [],
@@ -476,6 +489,92 @@ def test_what_else_the_llm_api_may_hand_over_is_read(fake) -> None:
     """A None event serializes to {} (nothing to publish); a JSON string is read as its dict."""
     event = llm_api_event(stored(None, (1, [1, 2, 3, 4])))
     assert translated([{}, json.dumps(event)]) == [[], [BlockStored([1], None, [1, 2, 3, 4], 4)]]
+
+
+def test_a_gap_in_event_ids_clears_the_published_blocks_then_translation_goes_on(
+    fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Events dropped before they were read (more than event_buffer_max_size waited) may hold
+    evictions: the bridge publishes AllBlocksCleared before the event after the gap, so that no
+    subscriber keeps blocks the engine may have evicted, warns once per gap, and translates on."""
+    sequence = [
+        (0, created()),
+        (1, stored(None, (1, [1, 2, 3, 4]))),
+        (5, stored(None, (5, [5, 6, 7, 8]))),  # 2 to 4 dropped: block 1's removal, perhaps
+        (6, stored(5, (6, [9, 9, 9, 9]))),
+        (9, removed(6, 5)),
+    ]
+    with caplog.at_level(logging.WARNING):
+        events = translated([llm_api_event(data, event_id=n) for n, data in sequence])
+    assert events == [
+        [AllBlocksCleared()],
+        [BlockStored([1], None, [1, 2, 3, 4], 4)],
+        [AllBlocksCleared(), BlockStored([5], None, [5, 6, 7, 8], 4)],
+        [BlockStored([6], 5, [9, 9, 9, 9], 4)],
+        [AllBlocksCleared(), BlockRemoved([6, 5])],
+    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "3 KV-cache events were dropped before event_id 5" in warnings[0]
+    assert "2 KV-cache events were dropped before event_id 9" in warnings[1]
+    assert all("kv_cache_config.event_buffer_max_size (4096)" in w for w in warnings)
+
+
+def test_an_event_the_bridge_cannot_read_is_logged_and_the_next_ones_published(
+    fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tensorrtllm_backend.python_models.llmapi.trtllm import KvEventBridge
+
+    good = llm_api_event(created(), event_id=0)
+    events = ["{not json", good]
+    published: list[list] = []
+
+    class LLM:
+        async def get_kv_cache_events_async(self, timeout: float):
+            while events:
+                yield events.pop(0)
+
+    class Publisher:
+        def publish(self, batch: list) -> None:
+            published.append(batch)
+
+    async def run() -> None:
+        task = asyncio.create_task(KvEventBridge(LLM(), Publisher(), 4).run())
+        for _ in range(100):
+            if published:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(run())
+    assert published == [[AllBlocksCleared()]]
+    assert any("KV-cache event not published" in r.getMessage() for r in caplog.records)
+
+
+def test_a_first_event_read_other_than_0_follows_dropped_ones_on_each_dp_rank(fake) -> None:
+    """Each event manager numbers its events from 0 (its cache's "created"), so a bridge whose
+    first event has another id missed some. With attention data parallelism rank 0 relays every
+    rank's events, each rank numbered on its own."""
+    late = llm_api_event(stored(None, (1, [1, 2, 3, 4])), event_id=7)
+    assert translated([late]) == [[AllBlocksCleared(), BlockStored([1], None, [1, 2, 3, 4], 4)]]
+    sequence = [
+        (0, 0, created()),
+        (1, 0, created()),
+        (0, 1, stored(None, (1, [1, 2, 3, 4]))),
+        (1, 1, stored(None, (2, [5, 6, 7, 8]))),
+        (1, 3, removed(2)),
+    ]
+    events = [llm_api_event(data, event_id=n, attention_dp_rank=r) for r, n, data in sequence]
+    assert translated(events) == [
+        [AllBlocksCleared()],
+        [AllBlocksCleared()],
+        [BlockStored([1], None, [1, 2, 3, 4], 4)],
+        [BlockStored([2], None, [5, 6, 7, 8], 4)],
+        [AllBlocksCleared(), BlockRemoved([2])],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -527,6 +626,117 @@ def test_a_router_rebuilds_what_the_llm_apis_cache_holds_from_the_published_even
         gone = {h for data in log if data["type"] == "removed" for h in data["block_hashes"]}
         assert index.events["BlockRemoved"] and partial & gone
         assert any(data["type"] == "updated" for data in log) == bool(host_blocks)
+    finally:
+        started.finalize()
+
+
+def serve_with_events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **kv_cache_config):
+    """The model publishing its KV-cache events, and the endpoint they go to."""
+    from kv_event_subscriber import free_endpoint
+
+    endpoint = free_endpoint()
+    monkeypatch.setenv("TRTLLM_KV_EVENTS_ENDPOINT", endpoint)
+    return serve(monkeypatch, tmp_path, kv_cache_config=kv_cache_config), endpoint
+
+
+@contextlib.contextmanager
+def subscribed(started, endpoint: str, block_size: int) -> Iterator:
+    """A router's view of the model's events (a BlockIndex), once its subscription is in place."""
+    from kv_event_subscriber import BlockIndex
+
+    from tests.waiting import wait_for
+
+    with BlockIndex(endpoint, block_size=block_size) as index:
+        publisher = started.engine._events  # the engine's publisher: probe the subscription
+        assert wait_for(lambda: index.heard(lambda: publisher.publish([AllBlocksCleared()])), 10)
+        yield index
+
+
+def run_requests(started, prompts: list[list[int]], max_tokens: int) -> None:
+    """The prompts as requests sent together, waited for."""
+    requests = [
+        harness.token_request(
+            prompt,
+            sampling_param_max_tokens=max_tokens,
+            sampling_param_exclude_input_from_output=True,
+        )
+        for prompt in prompts
+    ]
+    started.execute(requests)
+    for request in requests:
+        request.wait()
+
+
+def full_blocks(llm, block_size: int) -> set[int]:
+    """What the fake's cache (its largest window) holds in full blocks."""
+    return {h for h, n in llm.kv_caches[max(llm.kv_caches)].held().items() if n == block_size}
+
+
+def test_after_dropped_events_a_router_rebuilds_the_llm_apis_cache_from_what_follows(
+    fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Long requests finish while the LLM API's iterator has ended (no event for its timeout):
+    more events than event_buffer_max_size wait, and the oldest, evictions of blocks a router
+    was told of, are dropped. The next request re-opens the iterator; the bridge publishes
+    AllBlocksCleared, warns once, and goes on, so once later requests have evicted what the cache
+    held before the gap, the router's view is again exactly the cache's full blocks."""
+    from tests.waiting import wait_for
+
+    started, endpoint = serve_with_events(
+        monkeypatch, tmp_path, tokens_per_block=4, max_tokens=40, event_buffer_max_size=2
+    )
+    trtllm = type(started.engine).__module__
+    wait_s = importlib.import_module(trtllm).KV_EVENT_WAIT_S
+    try:
+        (llm,) = fake.llms
+        with subscribed(started, endpoint, 4) as index, caplog.at_level(logging.WARNING):
+            # The bridge's reads end 50 ms after the last event, until the next request.
+            monkeypatch.setattr(f"{trtllm}.KV_EVENT_WAIT_S", 0.05)
+            run_requests(started, [[100 + t for t in range(10)]], 1)
+            run_requests(started, [[150 + t for t in range(10)]], 1)
+            assert wait_for(lambda: index.drain() == full_blocks(llm, 4), 10)
+            monkeypatch.setattr(fake, "step_s", 0.02)  # 20 tokens: 0.4 s without an event
+            run_requests(started, [[1 + i] * 10 for i in range(4)], 20)
+            assert llm.kv_events_dropped > 0
+            monkeypatch.setattr(f"{trtllm}.KV_EVENT_WAIT_S", wait_s)
+            monkeypatch.setattr(fake, "step_s", 0.001)
+            rng = random.Random(7)
+            prefixes = [[rng.randrange(200, 300) for _ in range(10)] for _ in range(4)]
+            for _ in range(40):
+                suffix = [rng.randrange(200, 300) for _ in range(rng.randrange(8))]
+                run_requests(started, [rng.choice(prefixes) + suffix], 1 + rng.randrange(3))
+            held = full_blocks(llm, 4)
+            assert wait_for(lambda: index.drain() == held, 10), (index.held, held)
+        kinds = [event["type"] for event in index.log]
+        assert "AllBlocksCleared" in kinds[kinds.index("BlockStored") :]
+        warnings = [r.getMessage() for r in caplog.records if "were dropped" in r.getMessage()]
+        assert len(warnings) == 1 and "event_buffer_max_size (2)" in warnings[0], warnings
+    finally:
+        started.finalize()
+
+
+def test_an_eviction_long_after_the_last_request_went_in_is_still_published(
+    fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The LLM API's iterator ends after its timeout without an event and yields nothing more
+    until the next generate_async. A request that runs half a second without an event (past a
+    short read timeout) and evicts blocks as it finishes, with no request after it, still
+    reaches the router within seconds."""
+    from tests.waiting import wait_for
+
+    started, endpoint = serve_with_events(monkeypatch, tmp_path, tokens_per_block=4, max_tokens=40)
+    try:
+        (llm,) = fake.llms
+        with subscribed(started, endpoint, 4) as index:
+            for prefix in range(5):  # 3 blocks each: the 10-block cache is full
+                run_requests(started, [[100 * prefix + t for t in range(1, 13)]], 1)
+            assert wait_for(lambda: index.drain() == full_blocks(llm, 4), 10)
+            monkeypatch.setattr(fake, "step_s", 0.025)  # 20 tokens: 0.5 s without an event
+            before = len(llm.kv_event_log)
+            run_requests(started, [list(range(600, 612))], 20)
+            assert {"stored", "removed"} <= {e["data"]["type"] for e in llm.kv_event_log[before:]}
+            held = full_blocks(llm, 4)
+            assert wait_for(lambda: index.drain() == held, 5), (index.held, held)
     finally:
         started.finalize()
 
