@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,12 @@ class _Loop:
             self._in_flight += 1
             prompt = self._prompts[self._sent % len(self._prompts)]
         self._scheduler.submit(
-            GenRequest(prompt=prompt, max_new_tokens=length, sink=_Sink(self), streaming=True)
+            GenRequest(
+                prompt=prompt, max_new_tokens=length, sink=EndSink(self.ended_one), streaming=True
+            )
         )
 
-    def ended_one(self, error: str | None) -> None:
+    def ended_one(self, req: Any, error: str | None) -> None:
         """A request ended (on the scheduler's thread): mark, then send the slot's next one."""
         args = self._args
         with self._lock:
@@ -107,20 +110,21 @@ class _Loop:
             self._send(args.max_tokens)
 
 
-class _Sink:
-    """The scheduler's seam for one request: tells the loop when it ends."""
+class EndSink:
+    """The scheduler's seam for one request, reduced to its end: `on_end(req, error)`, the
+    error None when it finished. The tokens are counted by the scheduler's stats."""
 
-    def __init__(self, loop: _Loop) -> None:
-        self._loop = loop
+    def __init__(self, on_end: Callable[[Any, str | None], None]) -> None:
+        self._on_end = on_end
 
     def send_tokens(self, req: Any, chunk: Any, final: bool) -> None:
         pass
 
     def finish(self, req: Any, reason: Any) -> None:
-        self._loop.ended_one(None)
+        self._on_end(req, None)
 
     def fail(self, req: Any, message: str) -> None:
-        self._loop.ended_one(message)
+        self._on_end(req, message)
 
     def is_cancelled(self) -> bool:
         return False

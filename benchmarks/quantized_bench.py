@@ -53,6 +53,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.hf_engine_bench import EndSink
+
 PROMPT = "Request {}: write a long story about a lighthouse keeper and the sea."
 UNQUANTIZED = "none"
 LABEL = "CPU stand-in (hf engine, transformers), NOT TensorRT-LLM"
@@ -61,25 +63,6 @@ LABEL = "CPU stand-in (hf engine, transformers), NOT TensorRT-LLM"
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-class _Sink:
-    """The scheduler's seam for one request: tells the loop when it ends."""
-
-    def __init__(self, loop: _Loop) -> None:
-        self._loop = loop
-
-    def send_tokens(self, req: Any, chunk: Any, final: bool) -> None:
-        pass
-
-    def finish(self, req: Any, reason: Any) -> None:
-        self._loop.ended(req, None)
-
-    def fail(self, req: Any, message: str) -> None:
-        self._loop.ended(req, message)
-
-    def is_cancelled(self) -> bool:
-        return False
 
 
 class _Loop:
@@ -139,7 +122,9 @@ class _Loop:
             self._sent += 1
             self._in_flight += 1
         self._scheduler.submit(
-            GenRequest(prompt=prompt, max_new_tokens=length, sink=_Sink(self), streaming=True)
+            GenRequest(
+                prompt=prompt, max_new_tokens=length, sink=EndSink(self.ended), streaming=True
+            )
         )
 
     def ended(self, req: Any, error: str | None) -> None:
