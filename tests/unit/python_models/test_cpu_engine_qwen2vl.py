@@ -6,33 +6,26 @@ prefix. The judge is transformers' own generate() with the processor's tensors."
 
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
 from cpu_engine_helpers import make_request, run_on
+from vlm_engine_helpers import (
+    QUESTION,
+    assert_images_go_in_order,
+    png,
+    prompt_with,
+    reference_greedy,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-
-from PIL import Image  # noqa: E402
 
 from tensorrtllm_backend.common.processors import load_processor  # noqa: E402
 from tensorrtllm_backend.packing.demo_qwen2vl import build_demo_qwen2vl_checkpoint  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler  # noqa: E402
-
-QUESTION = "What is in the picture?"
-
-
-def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
-    buffer = io.BytesIO()
-    image = Image.new("RGB", size, color)
-    image.putpixel((3, 4), (255 - color[0], 17, 99))
-    image.save(buffer, "PNG")
-    return buffer.getvalue()
-
 
 # 40 x 30 pixels become a 2 x 3 grid of image tokens, 100 x 50 a 2 x 4 one (min/max pixels).
 RED, BLUE, WIDE = png((200, 10, 10)), png((10, 10, 200)), png((10, 200, 10), (100, 50))
@@ -68,24 +61,6 @@ def run_staggered(backend: HFBackend, requests: list) -> list:
     finally:
         scheduler.stop()
     return [req.generated for req, _ in requests]
-
-
-def prompt_with(processor, images: list[bytes], text: str = QUESTION) -> tuple[list[int], dict]:
-    """The chat prompt of one user turn with these images, expanded, and the processor's
-    tensors (the reference's input)."""
-    content = [{"type": "image"}] * len(images) + [{"type": "text", "text": text}]
-    chat = processor.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
-    pil = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    encoded = processor(text=[chat], images=pil or None, add_special_tokens=False,
-                        return_tensors="pt")  # fmt: skip
-    return encoded["input_ids"][0].tolist(), encoded
-
-
-def reference_greedy(model, encoded: dict, n: int) -> list[int]:
-    out = model.generate(**encoded, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, encoded["input_ids"].shape[1] :].tolist()
 
 
 def test_the_prompt_has_3d_positions(backend, processor) -> None:
@@ -141,14 +116,7 @@ def test_prompts_joining_beside_decoding_requests_equal_transformers(backend, pr
 
 
 def test_two_images_in_one_prompt_go_in_order(backend, processor) -> None:
-    ids, encoded = prompt_with(processor, [WIDE, RED])
-    swapped, encoded_swapped = prompt_with(processor, [RED, WIDE])
-    got = run_on(backend, [make_request(ids, 4, images=[WIDE, RED], min_tokens=4, end_id=2),
-                        make_request(swapped, 4, images=[RED, WIDE], min_tokens=4, end_id=2)])  # fmt: skip
-    assert got == [
-        reference_greedy(backend.model, encoded, 4),
-        reference_greedy(backend.model, encoded_swapped, 4),
-    ]
+    assert_images_go_in_order(backend, processor, WIDE, RED)
 
 
 def test_a_prefix_cache_hit_keeps_the_requests_positions(checkpoint, processor) -> None:

@@ -4,31 +4,19 @@ one packed step with other requests; its prefix cache keys blocks by the images 
 
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
 from cpu_engine_helpers import make_request, run_on
+from vlm_engine_helpers import assert_images_go_in_order, png, prompt_with, reference_greedy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-
-from PIL import Image  # noqa: E402
 
 from tensorrtllm_backend.packing.demo import build_demo_vlm_checkpoint  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.block_cache import BlockTable  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.hf import HFBackend  # noqa: E402
 from tensorrtllm_backend.python_models.cpu_engine.scheduler import Scheduler  # noqa: E402
-
-QUESTION = [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]
-
-
-def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
-    buffer = io.BytesIO()
-    image = Image.new("RGB", size, color)
-    image.putpixel((3, 4), (255 - color[0], 17, 99))
-    image.save(buffer, "PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +45,6 @@ def refusal(backend: HFBackend, request: tuple) -> str:
     return sink.error
 
 
-def prompt_with(processor, images: list[bytes]) -> tuple[list[int], dict]:
-    """The chat prompt of one user turn with these images, expanded, and the processor's
-    tensors (the reference's input)."""
-    content = [{"type": "image"}] * len(images) + QUESTION[1:]
-    text = processor.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
-    pil = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    encoded = processor(text=[text], images=pil, add_special_tokens=False, return_tensors="pt")
-    return encoded["input_ids"][0].tolist(), encoded
-
-
-def reference_greedy(model, encoded: dict, n: int) -> list[int]:
-    out = model.generate(**encoded, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, encoded["input_ids"].shape[1] :].tolist()
-
-
 def test_images_reach_the_model_as_transformers_runs_it(checkpoint, processor) -> None:
     backend = HFBackend(checkpoint, num_threads=1, device="cpu")
     assert backend.takes_images
@@ -98,15 +69,7 @@ def test_images_reach_the_model_as_transformers_runs_it(checkpoint, processor) -
 
 def test_two_images_in_one_prompt_go_in_order(checkpoint, processor) -> None:
     backend = HFBackend(checkpoint, num_threads=1, device="cpu")
-    red, blue = png((200, 10, 10)), png((10, 10, 200))
-    ids, encoded = prompt_with(processor, [red, blue])
-    swapped, encoded_swapped = prompt_with(processor, [blue, red])
-    got = run_on(backend, [make_request(ids, 4, images=[red, blue], min_tokens=4, end_id=2),
-                        make_request(swapped, 4, images=[blue, red], min_tokens=4, end_id=2)])  # fmt: skip
-    assert got == [
-        reference_greedy(backend.model, encoded, 4),
-        reference_greedy(backend.model, encoded_swapped, 4),
-    ]
+    assert_images_go_in_order(backend, processor, png((200, 10, 10)), png((10, 10, 200)))
 
 
 def test_a_prompt_whose_image_tokens_do_not_fit_its_images_is_refused(
