@@ -387,6 +387,23 @@ def bento_launcher(tmp_path: Path) -> Iterator[Callable[..., BentoServer]]:
         stop_and_reap(server)
 
 
+def bentoml_build(python: str, args: list[str], model: str, timeout: float) -> str:
+    """`bentoml build` as a user runs it, with `python`'s BentoML, packing the stored model
+    `model` (TRTLLM_MODEL): the new Bento's tag."""
+    result = subprocess.run(
+        [python, "-m", "bentoml", "build", *args, "--output", "tag"],
+        cwd=ROOT,
+        env={**os.environ, "TRTLLM_MODEL": model},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    match = re.search(r"__tag__:(\S+)", result.stdout)
+    assert match, result.stdout[-2000:]
+    return match.group(1)
+
+
 @pytest.fixture(scope="module")
 def module_bento_launcher(
     tmp_path_factory: pytest.TempPathFactory,

@@ -5,9 +5,7 @@ runs such an image)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +13,8 @@ from pathlib import Path
 import bentoml
 import pytest
 import yaml
+
+from tests.integration.conftest import bentoml_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,18 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def built_bento(demo_model: str) -> Iterator[bentoml.Bento]:
     """Build once (the private BENTOML_HOME of tests/conftest.py is inherited); delete afterwards."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bentoml", "build", "--output", "tag"],
-        cwd=ROOT,
-        env={**os.environ, "TRTLLM_MODEL": demo_model},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    match = re.search(r"__tag__:(\S+)", result.stdout)
-    assert match, result.stdout[-2000:]
-    bento = bentoml.bentos.get(match.group(1))
+    bento = bentoml.bentos.get(bentoml_build(sys.executable, [], demo_model, 180))
     yield bento
     bentoml.bentos.delete(str(bento.tag))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import pytest
 import yaml
 
 from tensorrtllm_backend.triton.command import find_free_port
+from tests.integration.conftest import bentoml_build
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,19 +162,10 @@ def bento_tag(
     path = tmp_path_factory.mktemp("container-bento") / "bentofile.yaml"
     path.write_text(yaml.safe_dump(bentofile))
     start = time.monotonic()
-    result = subprocess.run(
-        [builder, "-m", "bentoml", "build", "-f", str(path), "--output", "tag", str(ROOT)],
-        env={**os.environ, "TRTLLM_MODEL": llmapi_demo_model},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    match = re.search(r"__tag__:(\S+)", result.stdout)
-    assert match, result.stdout[-2000:]
+    tag = bentoml_build(builder, ["-f", str(path), str(ROOT)], llmapi_demo_model, 300)
     timed("bentoml build", start)
-    yield match.group(1)
-    subprocess.run([builder, "-m", "bentoml", "delete", "-y", match.group(1)], timeout=60)
+    yield tag
+    subprocess.run([builder, "-m", "bentoml", "delete", "-y", tag], timeout=60)
 
 
 @pytest.fixture(scope="module")
