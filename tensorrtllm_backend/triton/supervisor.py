@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from .command import (
@@ -35,6 +35,7 @@ from .command import (
     TritonServerConfig,
     build_command,
     choose_ports,
+    find_free_port,
     loader_path,
     models_not_ready,
     port_free,
@@ -269,6 +270,7 @@ class TritonSupervisor(TritonEndpoints):
             while not self._stop_event.is_set():
                 try:
                     self._restarts += 1
+                    self._replace_taken_ports()
                     self._launch_until_ready(ServerState.RESTARTING)
                     backoff = 1.0
                     break
@@ -284,6 +286,28 @@ class TritonSupervisor(TritonEndpoints):
                     if self._stop_event.wait(backoff):
                         return
                     backoff = min(backoff * 2, self.config.max_restart_backoff_s)
+
+    def _replace_taken_ports(self) -> None:
+        """Before a restart: an HTTP or metrics port that another process took meanwhile (an
+        outgoing connection's local port is drawn from the same range) is replaced by a free one,
+        unless configured. tritonserver passes its readiness check before it binds the metrics
+        port and then exits on a taken one: on the same ports every restart would end so. The
+        gRPC port stays, as the clients' address."""
+        ports = self._ports
+        if ports is None:
+            return
+        http, metrics = ports.http, ports.metrics
+        if not self.config.http_port and not port_free(http):
+            http = find_free_port()
+        if not self.config.metrics_port and not port_free(metrics):
+            metrics = find_free_port()
+        if (http, metrics) != (ports.http, ports.metrics):
+            logger.warning(
+                "tritonserver's port(s) %s were taken by another process: restarting on %s",
+                sorted({ports.http, ports.metrics} - {http, metrics}),
+                sorted({http, metrics} - {ports.http, ports.metrics}),
+            )
+            self._ports = replace(ports, http=http, metrics=metrics)
 
     def _watch_stubs(self, run: _Run) -> None:
         """Note the stubs of a run that just became ready (every model is loaded), so that one
